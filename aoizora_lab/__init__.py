@@ -1,0 +1,48 @@
+"""AoiZora Lab: topology-aware planning of Wan 2.1 DiT inference on TPU slices.
+
+Public API (see ARCHITECTURE.md for the pipeline)::
+
+    import aoizora_lab as az
+    topo = az.Topology.from_name("v5e:4x4")      # deviceless libtpu devices, real coordinates
+    ag = az.Collective("all-gather", az.mesh_axis_groups((4, 4), [1]), bytes=32e6)
+    az.estimate(ag, topo).seconds                # predicted time on the identity placement
+"""
+
+from aoizora_lab.deviceless import prepare_environment
+
+prepare_environment()  # before anything loads libtpu
+
+from aoizora_lab.comm_model import (  # noqa: E402
+    COLLECTIVE_KINDS,
+    Collective,
+    CommEstimate,
+    ModelOptions,
+    estimate,
+    mesh_axis_groups,
+)
+from aoizora_lab.errors import AoizoraError  # noqa: E402
+from aoizora_lab.hardware import (  # noqa: E402
+    GENERATIONS,
+    ICI_LINK_BANDWIDTH_CLOUD,
+    ChipSpec,
+    chip_spec,
+)
+from aoizora_lab.topology import Link, Topology, default_wrap  # noqa: E402
+
+__all__ = [
+    "COLLECTIVE_KINDS",
+    "GENERATIONS",
+    "ICI_LINK_BANDWIDTH_CLOUD",
+    "AoizoraError",
+    "ChipSpec",
+    "Collective",
+    "CommEstimate",
+    "Link",
+    "ModelOptions",
+    "Topology",
+    "chip_spec",
+    "default_wrap",
+    "estimate",
+    "mesh_axis_groups",
+]
+__version__ = "0.1.0"

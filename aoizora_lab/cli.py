@@ -1,0 +1,83 @@
+"""``aoizora-lab`` command line: the workbench's entry points for people and scripts.
+
+``aoizora-lab topology v5e:4x4`` prints the slice (shape, wraparound, where the devices came
+from, which device sits on which chip) and a table of predicted collective times under a
+compact placement (logical neighbours on physical neighbours) and a scattered one (a seeded
+random permutation), so a reader sees at once that placement matters.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+import numpy as np
+
+from aoizora_lab.comm_model import compare_placements, standard_collectives
+from aoizora_lab.errors import AoizoraError
+from aoizora_lab.hardware import chip_spec
+from aoizora_lab.topology import Topology
+
+
+def _topology_command(args: argparse.Namespace) -> int:
+    import pandas as pd
+
+    deviceless = {"auto": None, "require": True, "never": False}[args.deviceless]
+    topology = Topology.from_name(args.name, deviceless=deviceless)
+    chip = chip_spec(topology.generation, calibrated=not args.uncalibrated)
+    print(topology.describe())
+    print(
+        f"chip {chip.generation}: {chip.peak_bf16_flops:.3g} bf16 FLOP/s, "
+        f"{chip.hbm_bytes / 2**30:.4g} GiB HBM, ICI {chip.ici_link_bandwidth:.3g} B/s per link "
+        f"one way x {chip.ici_efficiency:g} efficiency, {chip.ici_hop_latency * 1e6:g} us per "
+        f"hop ({chip.source})"
+    )
+    mesh_shape = topology.shape + ((topology.devices_per_chip,)
+                                   if topology.devices_per_chip > 1 else ())
+    compact = topology.device_grid().ravel()
+    scattered = np.random.default_rng(args.seed).permutation(topology.num_devices)
+    table = compare_placements(
+        standard_collectives(mesh_shape, args.bytes), topology,
+        {"compact": compact, "scattered": scattered}, chip=chip)
+    print(f"\nPredicted time of collectives over a logical {'x'.join(map(str, mesh_shape))} "
+          f"mesh, {args.bytes:.4g} result bytes per device; compact = logical neighbours on "
+          f"physical neighbours, scattered = random permutation (seed {args.seed}):")
+    with pd.option_context("display.width", 200, "display.max_columns", 20):
+        print(table.to_string(index=False))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of ``aoizora-lab``."""
+    parser = argparse.ArgumentParser(
+        prog="aoizora-lab",
+        description="Topology-aware planning of Wan 2.1 DiT inference on TPU slices.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    topo = commands.add_parser(
+        "topology", help="print a TPU slice and predicted collective times on it")
+    topo.add_argument("name", help="slice name, e.g. v5e:4x4, v6e:4x4, v5p:2x2x4, v4:2x2x2")
+    topo.add_argument("--bytes", type=float, default=32 * 2**20,
+                      help="result bytes per device of each collective (default 32 MiB)")
+    topo.add_argument("--seed", type=int, default=0, help="seed of the scattered placement")
+    topo.add_argument("--deviceless", choices=["auto", "require", "never"], default="auto",
+                      help="use libtpu's deviceless devices: when available (auto), always "
+                           "(require: fail without libtpu) or never (simulated slice)")
+    topo.add_argument("--uncalibrated", action="store_true",
+                      help="ignore data/calibration/<generation>.json")
+    topo.set_defaults(run=_topology_command)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``aoizora-lab``; library errors print one clear line and exit with status 2."""
+    args = build_parser().parse_args(argv)
+    try:
+        return args.run(args)
+    except AoizoraError as err:
+        print(f"aoizora-lab: error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,442 @@
+"""The topology-aware ICI model: what a collective costs when its groups sit on real links.
+
+The XLA auto-sharding cost model gives each logical mesh axis one latency/bandwidth pair and
+knows neither wraparound nor link contention. This model instead routes every transfer a
+collective's algorithm makes over the directed links of the :class:`~aoizora_lab.Topology`,
+adds up the bytes per link across *all* groups of the collective (they run at the same time
+and contend), and turns the busiest link's load into time::
+
+    seconds = count * (sum over phases of busiest-link bytes / (link_bandwidth * efficiency)
+                       + hop_latency * hops)
+
+where ``hops`` is the farthest any byte of the collective travels (the largest hop distance
+between two members of one group, twice for an all-reduce).
+
+**Algorithms (modelling choices, each switchable through** :class:`ModelOptions` **).** A group
+is *regular* when its chips are every combination of a set of positions per physical axis
+(a line, a 2x2 block, a strided row...), with the same number of members on each chip.
+
+- ``all-gather`` of a regular group runs *per-axis phases*: along one axis at a time, every
+  line of the group runs a bidirectional ring over its positions in physical order, each member
+  sending half of its (growing) data each way. On a wrapped axis whose positions cover the ring
+  the closing hop uses the wraparound link; on a line without wraparound the closing hop
+  crosses the whole line, so the traffic that must cross the whole line is counted (twice the
+  wrapped time for large messages: the scaling book's measured v5e case). With
+  ``multi_axis="concurrent"`` (default) the data is split over every order of the group's axes
+  so all axes' links work at once (the book's ``V / (W * axes)``); ``"sequential"`` runs one
+  order, axis 0 first.
+- ``all-gather`` of an irregular or scattered group: one bidirectional ring over the members in
+  the group's own order (the order the HLO lists them), each ring hop routed link by link.
+- ``reduce-scatter`` moves the same bytes as an all-gather whose result is the reduce-scatter's
+  input; ``all-reduce`` is a reduce-scatter followed by an all-gather.
+- ``all-to-all``: every member sends a ``1/size`` slice of its result to every other member
+  directly, each transfer routed link by link.
+- ``collective-permute``: each (source, target) pair sends its whole result.
+
+Routing is dimension-ordered; with ``routing="balanced"`` (default) each transfer's bytes are
+split evenly over every axis order and both ways of a tied wrapped axis, which keeps the model
+invariant under mirror and rotation symmetries of the slice; ``"dimension-order"`` uses only
+x-then-y-then-z with ties the + way (:meth:`Topology.route`).
+
+Worked example (REFERENCE.md §2): on a v5e slice with axes {8, 4}, an all-gather over the
+length-4 axis (no wraparound) of 8.4 MB shards: each line's ring sends ``3/2`` shards each way
+per hop, and the closing hop crosses the line the other way, so the busiest link carries
+``3 * 8.4e6`` bytes: ``25.2e6 / (4.5e10 * 0.95) + 3 * 1e-6 = 592 us`` (the book's formula gives
+560 us; the profile measured 680 us).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal
+
+import numpy as np
+
+from aoizora_lab.errors import AoizoraError
+from aoizora_lab.hardware import ChipSpec, chip_spec
+from aoizora_lab.topology import Link, Topology
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+CollectiveKind = Literal[
+    "all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective-permute"
+]
+COLLECTIVE_KINDS: tuple[str, ...] = (
+    "all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective-permute"
+)
+
+
+@dataclass(frozen=True)
+class Collective:
+    """One collective of a compiled program, with logical device ids as the HLO gives them."""
+
+    kind: CollectiveKind
+    """One of :data:`COLLECTIVE_KINDS`."""
+    groups: tuple[tuple[int, ...], ...]
+    """Replica groups of logical device ids; for ``collective-permute`` the (source, target)
+    pairs."""
+    bytes: float
+    """Byte size of the collective's result on one device (the HLO result shape's size)."""
+    count: int = 1
+    """How many times it runs per step (loop trip counts included)."""
+    name: str = ""
+    """The HLO instruction name, for people."""
+
+    def __post_init__(self) -> None:
+        if self.kind not in COLLECTIVE_KINDS:
+            raise AoizoraError(
+                f"Unknown collective kind {self.kind!r}; kinds are {list(COLLECTIVE_KINDS)}."
+            )
+        try:
+            groups = tuple(tuple(int(i) for i in g) for g in self.groups)
+        except (TypeError, ValueError) as err:
+            raise AoizoraError(
+                f"Collective {self.name or self.kind!r}: groups {self.groups!r} must be "
+                "sequences of integer logical device ids, e.g. ((0, 1), (2, 3))."
+            ) from err
+        object.__setattr__(self, "groups", groups)
+        ids = [i for g in groups for i in g]
+        if not groups or any(len(g) == 0 for g in groups) or min(ids) < 0:
+            raise AoizoraError(
+                f"Collective {self.name or self.kind!r}: groups {self.groups!r} must be "
+                "non-empty groups of non-negative logical device ids."
+            )
+        if self.kind == "collective-permute":
+            if any(len(g) != 2 for g in groups):
+                raise AoizoraError(
+                    f"collective-permute {self.name!r}: groups {self.groups!r} must be "
+                    "(source, target) pairs."
+                )
+        elif len(ids) != len(set(ids)):
+            raise AoizoraError(
+                f"Collective {self.name or self.kind!r}: a device id appears twice in groups "
+                f"{self.groups!r}; replica groups must be disjoint."
+            )
+        if not (self.bytes >= 0 and math.isfinite(self.bytes)):
+            raise AoizoraError(
+                f"Collective {self.name or self.kind!r}: bytes={self.bytes!r} must be a finite "
+                "non-negative byte count."
+            )
+        if int(self.count) != self.count or self.count < 0:
+            raise AoizoraError(
+                f"Collective {self.name or self.kind!r}: count={self.count!r} must be a "
+                "non-negative integer (runs per step)."
+            )
+
+    @property
+    def max_device_id(self) -> int:
+        """The largest logical device id the collective names."""
+        return max(i for g in self.groups for i in g)
+
+
+@dataclass(frozen=True)
+class ModelOptions:
+    """Switches between modelling choices where evidence is thin (see the module docstring)."""
+
+    routing: Literal["balanced", "dimension-order"] = "balanced"
+    """``"balanced"``: split each transfer over all axis orders and both ways of a tie."""
+    multi_axis: Literal["concurrent", "sequential"] = "concurrent"
+    """How an all-gather over several physical axes orders its per-axis phases."""
+
+    def __post_init__(self) -> None:
+        if self.routing not in ("balanced", "dimension-order"):
+            raise AoizoraError(
+                f"ModelOptions.routing={self.routing!r}; use 'balanced' or 'dimension-order'."
+            )
+        if self.multi_axis not in ("concurrent", "sequential"):
+            raise AoizoraError(
+                f"ModelOptions.multi_axis={self.multi_axis!r}; use 'concurrent' or 'sequential'."
+            )
+
+
+@dataclass(frozen=True, eq=False)
+class CommEstimate:
+    """Predicted cost of one collective (or a whole program) on a placement."""
+
+    seconds: float
+    """Predicted time, all runs per step included."""
+    bandwidth_seconds: float
+    """The part of ``seconds`` spent moving bytes over the busiest links."""
+    latency_seconds: float
+    """The part of ``seconds`` spent in per-hop latency."""
+    link_bytes: np.ndarray
+    """``float`` array ``[num_chips, ndim, 2]``: bytes per directed link, all runs included
+    (indexed like :attr:`Topology.link_target`)."""
+    busiest_link: Link | None
+    """The link that carries the most bytes, or ``None`` when no byte crosses a link."""
+    busiest_link_bytes: float
+    """Bytes on ``busiest_link``."""
+    parts: tuple[CommEstimate, ...] = field(default=())
+    """For a program: one estimate per collective, in order."""
+
+
+Flows = tuple[np.ndarray, np.ndarray, np.ndarray]
+"""(source chips, target chips, bytes) of the transfers of one phase."""
+
+
+def estimate(
+    collectives: Collective | Iterable[Collective],
+    topology: Topology,
+    placement: Sequence[int] | np.ndarray | None = None,
+    *,
+    chip: ChipSpec | None = None,
+    options: ModelOptions | None = None,
+) -> CommEstimate:
+    """Predict the time and per-link bytes of ``collectives`` on ``topology``.
+
+    ``collectives`` is one :class:`Collective`, a sequence of them, or a program object with a
+    ``.collectives`` attribute; a program's estimate sums its collectives (run one after the
+    other) and keeps each one's estimate in ``parts``. ``placement`` maps logical device id ->
+    physical device index (row of ``topology.coords``): a ``Placement`` or any sequence of
+    ints that ``numpy.asarray`` accepts; ``None`` is the identity. ``chip`` defaults to
+    ``chip_spec(topology.generation)``.
+    """
+    chip = chip or chip_spec(topology.generation)
+    options = options or ModelOptions()
+    device_of = _placement_array(placement, topology)
+    if isinstance(collectives, Collective):
+        return _estimate_one(collectives, topology, device_of, chip, options)
+    items = list(getattr(collectives, "collectives", collectives))
+    parts = tuple(_estimate_one(c, topology, device_of, chip, options) for c in items)
+    link_bytes = sum((p.link_bytes for p in parts), np.zeros(_load_shape(topology)))
+    busiest, busiest_bytes = _busiest(link_bytes, topology)
+    return CommEstimate(
+        seconds=sum(p.seconds for p in parts),
+        bandwidth_seconds=sum(p.bandwidth_seconds for p in parts),
+        latency_seconds=sum(p.latency_seconds for p in parts),
+        link_bytes=link_bytes, busiest_link=busiest, busiest_link_bytes=busiest_bytes,
+        parts=parts,
+    )
+
+
+def mesh_axis_groups(mesh_shape: Sequence[int], axes: Sequence[int]) -> list[list[int]]:
+    """Replica groups of logical ids for a collective over ``axes`` of a row-major mesh.
+
+    Example: a ``(2, 4)`` mesh has ids ``[[0..3], [4..7]]``; over axis 1 the groups are
+    ``[[0, 1, 2, 3], [4, 5, 6, 7]]``, over axis 0 ``[[0, 4], [1, 5], [2, 6], [3, 7]]``, over
+    both one group of all eight.
+    """
+    mesh_shape = tuple(int(n) for n in mesh_shape)
+    axes = [int(a) for a in axes]
+    if not all(0 <= a < len(mesh_shape) for a in axes) or len(set(axes)) != len(axes):
+        raise AoizoraError(
+            f"Mesh axes {axes} must be distinct indices into mesh shape {mesh_shape}."
+        )
+    ids = np.arange(math.prod(mesh_shape)).reshape(mesh_shape)
+    rest = [a for a in range(len(mesh_shape)) if a not in axes]
+    grouped = ids.transpose(rest + axes).reshape(-1, math.prod(mesh_shape[a] for a in axes))
+    return grouped.tolist()
+
+
+# ----------------------------------------------------------------------------- internals
+
+
+def _load_shape(topology: Topology) -> tuple[int, int, int]:
+    return (topology.num_chips, topology.ndim, 2)
+
+
+def _placement_array(placement: Sequence[int] | np.ndarray | None,
+                     topology: Topology) -> np.ndarray:
+    """The placement as an int array over all devices, checked to be a permutation."""
+    if placement is None:
+        return np.arange(topology.num_devices)
+    order = np.asarray(placement)
+    if (order.ndim != 1 or order.size != topology.num_devices
+            or not np.issubdtype(order.dtype, np.integer)
+            or not np.array_equal(np.sort(order), np.arange(topology.num_devices))):
+        raise AoizoraError(
+            f"Placement {order.tolist() if order.size <= 64 else order!r} must be a permutation "
+            f"of the {topology.num_devices} device indices 0..{topology.num_devices - 1} of "
+            f"{topology.name}: entry i is the physical device of logical device i."
+        )
+    return order
+
+
+def _busiest(link_bytes: np.ndarray, topology: Topology) -> tuple[Link | None, float]:
+    peak = float(link_bytes.max(initial=0.0))
+    if peak <= 0:
+        return None, 0.0
+    chip, axis, direction = np.unravel_index(int(np.argmax(link_bytes)), link_bytes.shape)
+    return topology.link(int(chip), int(axis), int(direction)), peak
+
+
+def _estimate_one(collective: Collective, topology: Topology, device_of: np.ndarray,
+                  chip: ChipSpec, options: ModelOptions) -> CommEstimate:
+    if collective.max_device_id >= len(device_of):
+        raise AoizoraError(
+            f"Collective {collective.name or collective.kind!r} names logical device "
+            f"{collective.max_device_id}, but {topology.name} has only {len(device_of)} devices."
+        )
+    chips_of = topology.device_chip[device_of]
+    group_chips = [chips_of[list(g)] for g in collective.groups]
+    phases = _phases(collective, group_chips, topology, options)
+    orders = (list(itertools.permutations(range(topology.ndim)))
+              if options.routing == "balanced" else None)
+    split_ties = options.routing == "balanced"
+    link_bytes = np.zeros(_load_shape(topology))
+    bandwidth_seconds = 0.0
+    for src, dst, size in phases:
+        loads = topology.route_loads(src, dst, size, axis_orders=orders, split_ties=split_ties)
+        bandwidth_seconds += loads.max(initial=0.0) / (chip.ici_link_bandwidth
+                                                        * chip.ici_efficiency)
+        link_bytes += loads
+    hops = _farthest_hops(collective, group_chips, topology)
+    latency_seconds = hops * chip.ici_hop_latency
+    count = collective.count
+    link_bytes *= count
+    busiest, busiest_bytes = _busiest(link_bytes, topology)
+    return CommEstimate(
+        seconds=count * (bandwidth_seconds + latency_seconds),
+        bandwidth_seconds=count * bandwidth_seconds,
+        latency_seconds=count * latency_seconds,
+        link_bytes=link_bytes, busiest_link=busiest, busiest_link_bytes=busiest_bytes,
+    )
+
+
+def _farthest_hops(collective: Collective, group_chips: list[np.ndarray],
+                   topology: Topology) -> int:
+    """Largest hop distance between two chips of one group (twice for an all-reduce)."""
+    farthest = 0
+    for chips in group_chips:
+        unique = np.unique(chips)
+        farthest = max(farthest, int(topology.chip_distances(unique, unique).max()))
+    return 2 * farthest if collective.kind == "all-reduce" else farthest
+
+
+def _phases(collective: Collective, group_chips: list[np.ndarray], topology: Topology,
+            options: ModelOptions) -> list[Flows]:
+    """Transfers of every group, merged phase by phase (groups run their phases together)."""
+    size = float(collective.bytes)
+    per_group: list[list[Flows]] = []
+    for chips in group_chips:
+        members = len(chips)
+        if collective.kind == "collective-permute":
+            per_group.append([(chips[:1], chips[1:], np.array([size]))])
+        elif collective.kind == "all-to-all":
+            src, dst = np.meshgrid(chips, chips, indexing="ij")
+            off_diagonal = ~np.eye(members, dtype=bool)
+            per_group.append([(src[off_diagonal], dst[off_diagonal],
+                               np.full(off_diagonal.sum(), size / members))])
+        else:
+            gathered = {"all-gather": size, "reduce-scatter": size * members,
+                        "all-reduce": size}[collective.kind]
+            phases = _all_gather_phases(chips, gathered / members, topology, options)
+            per_group.append(phases * 2 if collective.kind == "all-reduce" else phases)
+    merged: list[Flows] = []
+    for step in range(max(len(p) for p in per_group)):
+        flows = [p[step] for p in per_group if step < len(p)]
+        merged.append(tuple(np.concatenate([f[i] for f in flows]) for i in range(3)))
+    return merged
+
+
+def _all_gather_phases(chips: np.ndarray, shard: float, topology: Topology,
+                       options: ModelOptions) -> list[Flows]:
+    """Phases of an all-gather of ``shard`` bytes per member over member chips ``chips``."""
+    unique, per_chip = np.unique(chips, return_counts=True)
+    coords = topology.chip_coords[unique]
+    positions = [np.unique(coords[:, a]) for a in range(topology.ndim)]
+    regular = (per_chip.min() == per_chip.max()
+               and len(unique) == math.prod(len(p) for p in positions))
+    if not regular:
+        return [_ring_flows(chips, shard)]
+    spanned = [a for a in range(topology.ndim) if len(positions[a]) > 1]
+    if not spanned:
+        return []  # every member on one chip: nothing crosses a link
+    orders = (list(itertools.permutations(spanned)) if options.multi_axis == "concurrent"
+              else [tuple(spanned)])
+    data = shard * per_chip[0] / len(orders)  # bytes each chip holds of one order's share
+    phases: list[Flows] = []
+    for step in range(len(spanned)):
+        flows: list[Flows] = []
+        for order in orders:
+            axis = order[step]
+            held = data * math.prod(len(positions[a]) for a in order[:step])
+            flows.extend(_line_rings(unique, axis, positions[axis], held, topology))
+        phases.append(tuple(np.concatenate([f[i] for f in flows]) for i in range(3)))
+    return phases
+
+
+def _line_rings(chips: np.ndarray, axis: int, positions: np.ndarray, held: float,
+                topology: Topology) -> list[Flows]:
+    """Bidirectional rings along ``axis`` through every line of ``chips``, in physical order."""
+    coords = topology.chip_coords[chips]
+    others = np.delete(coords, axis, axis=1)
+    rings = []
+    for line in np.unique(others, axis=0):
+        on_line = np.all(others == line, axis=1)
+        ordered = chips[on_line][np.argsort(coords[on_line, axis])]
+        rings.append(_ring_flows(ordered, held))
+    return rings
+
+
+def _ring_flows(ring: np.ndarray, held: float) -> Flows:
+    """A bidirectional ring all-gather: each member sends ``(n-1)/2`` of ``held`` each way."""
+    n = len(ring)
+    per_way = (n - 1) / 2 * held
+    successor = np.roll(ring, -1)
+    src = np.concatenate([ring, successor])
+    dst = np.concatenate([successor, ring])
+    return src, dst, np.full(2 * n, per_way)
+
+
+def standard_collectives(mesh_shape: Sequence[int], result_bytes: float) -> list[Collective]:
+    """A small set of collectives over a logical mesh, for quick looks at a slice.
+
+    One all-gather per mesh axis and over all axes, an all-reduce and an all-to-all over
+    everything, and a shift by one along axis 0 (collective-permute), each with
+    ``result_bytes`` per device.
+    """
+    mesh_shape = tuple(int(n) for n in mesh_shape)
+    every = list(range(len(mesh_shape)))
+    named = "xyzc"
+    out = [Collective("all-gather", mesh_axis_groups(mesh_shape, [a]), result_bytes,
+                      name=f"all-gather over {named[a]}")
+           for a in every if mesh_shape[a] > 1]
+    out.append(Collective("all-gather", mesh_axis_groups(mesh_shape, every), result_bytes,
+                          name="all-gather over all"))
+    out.append(Collective("all-reduce", mesh_axis_groups(mesh_shape, every), result_bytes,
+                          name="all-reduce over all"))
+    out.append(Collective("all-to-all", mesh_axis_groups(mesh_shape, every), result_bytes,
+                          name="all-to-all over all"))
+    lines = mesh_axis_groups(mesh_shape, [0])
+    shift = [(line[i], line[(i + 1) % len(line)]) for line in lines for i in range(len(line))]
+    if mesh_shape[0] > 1:
+        out.append(Collective("collective-permute", shift, result_bytes,
+                              name="shift +1 along x"))
+    return out
+
+
+def compare_placements(
+    collectives: Iterable[Collective],
+    topology: Topology,
+    placements: dict[str, Sequence[int] | np.ndarray],
+    *,
+    chip: ChipSpec | None = None,
+    options: ModelOptions | None = None,
+) -> pd.DataFrame:
+    """One row per collective: predicted microseconds and busiest link under each placement.
+
+    Columns ``<name> us`` and ``<name> busiest link`` per placement, then ``slowest / fastest``.
+    """
+    import pandas as pd
+
+    rows = []
+    for collective in collectives:
+        row: dict[str, object] = {"collective": collective.name or collective.kind,
+                                  "groups": f"{len(collective.groups)} x "
+                                            f"{len(collective.groups[0])}"}
+        times = []
+        for label, order in placements.items():
+            result = estimate(collective, topology, order, chip=chip, options=options)
+            row[f"{label} us"] = round(result.seconds * 1e6, 1)
+            row[f"{label} busiest link"] = str(result.busiest_link or "-")
+            times.append(result.seconds)
+        fastest, slowest = min(times), max(times)
+        row["slowest / fastest"] = (round(slowest / fastest, 2) if fastest > 0
+                                    else (math.inf if slowest > 0 else 1.0))
+        rows.append(row)
+    return pd.DataFrame(rows)

@@ -1,0 +1,220 @@
+"""Per-generation TPU chip constants, each with its source, and how to override them.
+
+A :class:`ChipSpec` holds the few numbers the planner's models need: peak bf16 compute, HBM
+size and bandwidth, the one-way bandwidth of one inter-chip (ICI) link, the per-hop latency
+and the fraction of nominal link bandwidth a large transfer achieves. Where public sources
+disagree (ICI bandwidth: the scaling book's 4.5e10 B/s for v5e vs 5e10 from the cloud docs'
+totals), the default is the scaling book's, whose measurements the communication model is
+calibrated against, and the alternative is exported so a user can pick it explicitly::
+
+    >>> chip_spec("v5e").ici_link_bandwidth
+    45000000000.0
+    >>> chip_spec("v5e", ici_link_bandwidth=ICI_LINK_BANDWIDTH_CLOUD["v5e"]).ici_link_bandwidth
+    50000000000.0
+
+Calibration (``measure.calibrate`` on a live slice) writes ``<generation>.json`` with field
+overrides into the calibration folder (``data/calibration/`` of this repository, or the folder
+named by ``$AOIZORA_LAB_CALIBRATION_DIR``); :func:`chip_spec` applies it unless told not to.
+Keyword overrides win over both.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from aoizora_lab.errors import AoizoraError
+
+GiB = 2**30
+
+CALIBRATION_DIR_ENV = "AOIZORA_LAB_CALIBRATION_DIR"
+
+
+@dataclass(frozen=True)
+class ChipSpec:
+    """Constants of one TPU chip generation, as the planner's models use them."""
+
+    generation: str
+    """Short generation name: ``"v4"``, ``"v5e"``, ``"v5p"`` or ``"v6e"``."""
+    peak_bf16_flops: float
+    """Peak dense bf16 FLOP/s of one chip."""
+    hbm_bytes: float
+    """HBM capacity of one chip in bytes."""
+    hbm_usable_bytes: float
+    """HBM the compiler lets a program use (below ``hbm_bytes`` where the compiler says so)."""
+    hbm_bandwidth: float
+    """HBM bandwidth of one chip in bytes/s."""
+    ici_link_bandwidth: float
+    """One-way bandwidth of one ICI link (one direction of one neighbour pair) in bytes/s."""
+    ici_hop_latency: float
+    """Latency added per link a transfer crosses, in seconds."""
+    ici_efficiency: float
+    """Fraction of ``ici_link_bandwidth`` a large (bandwidth-bound) transfer achieves."""
+    torus_ndim: int
+    """Number of physical torus axes of a slice of this generation (2 or 3)."""
+    source: str = "defaults"
+    """Where the numbers came from: ``"defaults"``, a calibration file, or ``"overrides"``."""
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise :class:`AoizoraError` unless every number is positive and in range."""
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if field.type == "float" and not (isinstance(value, int | float) and value > 0):
+                raise AoizoraError(
+                    f"ChipSpec.{field.name}={value!r} for {self.generation!r} must be a positive "
+                    "number; fix the override or calibration file that set it."
+                )
+        if self.ici_efficiency > 1:
+            raise AoizoraError(
+                f"ChipSpec.ici_efficiency={self.ici_efficiency!r} must be in (0, 1]: it is the "
+                "fraction of the nominal link bandwidth a transfer achieves."
+            )
+        if self.hbm_usable_bytes > self.hbm_bytes:
+            raise AoizoraError(
+                f"ChipSpec.hbm_usable_bytes={self.hbm_usable_bytes!r} exceeds hbm_bytes="
+                f"{self.hbm_bytes!r} for {self.generation!r}."
+            )
+        if self.torus_ndim not in (2, 3):
+            raise AoizoraError(f"ChipSpec.torus_ndim={self.torus_ndim!r} must be 2 or 3.")
+
+    def replace(self, *, source: str = "overrides", **overrides: float) -> ChipSpec:
+        """Return a copy with some numbers replaced; unknown field names are an error."""
+        names = {f.name for f in dataclasses.fields(self)} - {"generation", "torus_ndim"}
+        unknown = sorted(set(overrides) - names)
+        if unknown:
+            raise AoizoraError(
+                f"Unknown ChipSpec field(s) {unknown}; overridable fields are {sorted(names)}."
+            )
+        return dataclasses.replace(self, source=source, **overrides)
+
+
+# Sources: Google Cloud TPU docs (v4, v5e, v5p, v6e system architecture pages) for FLOP/s and
+# HBM; "How to Scale Your Model" (jax-ml scaling book), TPU chapter, for ICI link bandwidth
+# and the ~1 us per-hop latency (an older text of the book says 0.5 us); REFERENCE.md §1.
+_DEFAULTS: dict[str, ChipSpec] = {
+    "v4": ChipSpec(
+        generation="v4",
+        peak_bf16_flops=2.75e14,  # cloud docs
+        hbm_bytes=32 * GiB,  # cloud docs: 32 GiB
+        hbm_usable_bytes=32 * GiB,  # no compiler figure known: assume all of it
+        hbm_bandwidth=1.2e12,  # cloud docs
+        ici_link_bandwidth=4.5e10,  # scaling book, one-way per link
+        ici_hop_latency=1e-6,  # scaling book
+        ici_efficiency=0.95,  # scaling book, measured on v5e (same link generation assumed)
+        torus_ndim=3,
+    ),
+    "v5e": ChipSpec(
+        generation="v5e",
+        peak_bf16_flops=1.97e14,  # cloud docs
+        hbm_bytes=16 * GiB,  # cloud docs: 16 GB (GiB: the compiler allows 15.75 GiB of it)
+        hbm_usable_bytes=15.75 * GiB,  # compiler: "exceeds available HBM (15.75G)"
+        hbm_bandwidth=8.19e11,  # cloud docs
+        ici_link_bandwidth=4.5e10,  # scaling book, one-way per link
+        ici_hop_latency=1e-6,  # scaling book
+        ici_efficiency=0.95,  # scaling book: ~95 % of nominal for >= ~10 MB all-gathers, 8x16
+        torus_ndim=2,
+    ),
+    "v5p": ChipSpec(
+        generation="v5p",
+        peak_bf16_flops=4.59e14,  # cloud docs
+        hbm_bytes=95 * GiB,  # cloud docs: 95 GB (GiB assumed, as for v5e)
+        hbm_usable_bytes=95 * GiB,  # no compiler figure known: assume all of it
+        hbm_bandwidth=2.765e12,  # cloud docs
+        ici_link_bandwidth=9e10,  # scaling book, one-way per link
+        ici_hop_latency=1e-6,  # scaling book
+        ici_efficiency=0.95,  # scaling book's v5e figure, assumed to carry over
+        torus_ndim=3,
+    ),
+    "v6e": ChipSpec(
+        generation="v6e",
+        peak_bf16_flops=9.18e14,  # cloud docs
+        hbm_bytes=32 * GiB,  # cloud docs: 32 GB (GiB assumed, as for v5e)
+        hbm_usable_bytes=32 * GiB,  # no compiler figure known: assume all of it
+        hbm_bandwidth=1.638e12,  # cloud docs
+        ici_link_bandwidth=9e10,  # scaling book, one-way per link
+        ici_hop_latency=1e-6,  # scaling book
+        ici_efficiency=0.95,  # scaling book's v5e figure, assumed to carry over
+        torus_ndim=2,
+    ),
+}
+
+GENERATIONS: tuple[str, ...] = tuple(_DEFAULTS)
+
+# The other published ICI figure: cloud docs' per-chip totals divided by the ports (REFERENCE.md
+# §1). Pass it as an override to model with it instead of the scaling book's number.
+ICI_LINK_BANDWIDTH_CLOUD: dict[str, float] = {"v5e": 5e10, "v5p": 1e11, "v6e": 1e11}
+
+
+def default_calibration_dir() -> Path:
+    """Folder holding ``<generation>.json`` calibration files.
+
+    ``$AOIZORA_LAB_CALIBRATION_DIR`` when set, else ``data/calibration`` of this repository.
+    """
+    env = os.environ.get(CALIBRATION_DIR_ENV)
+    if env:
+        return Path(env)
+    return Path(__file__).resolve().parent.parent / "data" / "calibration"
+
+
+def check_generation(generation: str) -> str:
+    """Return ``generation`` normalised (``"V5E"`` -> ``"v5e"``) or raise naming the valid ones."""
+    normalised = str(generation).strip().lower()
+    if normalised not in _DEFAULTS:
+        raise AoizoraError(
+            f"Unknown TPU generation {generation!r}; known generations are {list(GENERATIONS)}."
+        )
+    return normalised
+
+
+def load_calibration(generation: str, calibration_dir: Path | None = None) -> dict[str, Any]:
+    """The field overrides in ``<calibration_dir>/<generation>.json``, or ``{}`` if none.
+
+    The file is ``{"generation": "v5e", "overrides": {"ici_link_bandwidth": 4.3e10, ...}, ...}``;
+    other keys (fit error, date, slice) are kept for people and ignored here.
+    """
+    generation = check_generation(generation)
+    path = (calibration_dir or default_calibration_dir()) / f"{generation}.json"
+    if not path.exists():
+        return {}
+    try:
+        payload = json.loads(path.read_text())
+        overrides = payload["overrides"]
+        if payload.get("generation", generation) != generation or not isinstance(overrides, dict):
+            raise ValueError("generation mismatch or overrides is not a mapping")
+    except (ValueError, KeyError, TypeError) as err:
+        raise AoizoraError(
+            f"Calibration file {path} is not valid ({err}); it must hold "
+            '{"generation": "' + generation + '", "overrides": {field: value}}. '
+            "Fix or delete it, or pass calibrated=False."
+        ) from err
+    return {"path": str(path), "overrides": overrides}
+
+
+def chip_spec(
+    generation: str,
+    *,
+    calibrated: bool = True,
+    calibration_dir: Path | None = None,
+    **overrides: float,
+) -> ChipSpec:
+    """The :class:`ChipSpec` for ``generation``: defaults, then calibration, then ``overrides``.
+
+    Example: ``chip_spec("v5e", calibrated=False, ici_hop_latency=0.5e-6)`` models v5e with the
+    book's older 0.5 us hop latency and ignores any calibration file.
+    """
+    spec = _DEFAULTS[check_generation(generation)]
+    if calibrated:
+        calibration = load_calibration(generation, calibration_dir)
+        if calibration:
+            spec = spec.replace(source=f"calibration {calibration['path']}",
+                                **calibration["overrides"])
+    if overrides:
+        spec = spec.replace(**overrides)
+    return spec

@@ -1,0 +1,18 @@
+"""Test session set-up: CPU jax with 8 host devices, libtpu quiet, no calibration files."""
+
+import os
+
+# Before jax loads: tests run on CPU host devices (deviceless TPU compiles need no TPU backend).
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+
+import pytest
+
+
+@pytest.fixture(autouse=True)
+def _no_user_calibration(tmp_path, monkeypatch):
+    """Point calibration at an empty folder so a developer's files never change a result."""
+    folder = tmp_path / "calibration"
+    folder.mkdir()
+    monkeypatch.setenv("AOIZORA_LAB_CALIBRATION_DIR", str(folder))
+    return folder

@@ -1,0 +1,240 @@
+import itertools
+
+import numpy as np
+import pytest
+
+import aoizora_lab as az
+from aoizora_lab.comm_model import compare_placements, standard_collectives
+
+MB = 1e6
+
+
+def _compact(topo):
+    return topo.device_grid().ravel()
+
+
+def _collectives(mesh_shape, size, rng):
+    """Collectives of every kind over mesh axes, plus a random irregular grouping."""
+    n = int(np.prod(mesh_shape))
+    out = list(standard_collectives(mesh_shape, size))
+    for axis in range(len(mesh_shape)):
+        groups = az.mesh_axis_groups(mesh_shape, [axis])
+        out += [az.Collective("reduce-scatter", groups, size / 4),
+                az.Collective("all-to-all", groups, size)]
+    shuffled = rng.permutation(n).reshape(-1, 4).tolist()
+    out += [az.Collective(kind, shuffled, size) for kind in ("all-gather", "all-reduce")]
+    out.append(az.Collective("collective-permute",
+                             list(zip(range(n), rng.permutation(n), strict=True)), size))
+    return out
+
+
+def test_scaling_book_v5e_all_gather_without_wraparound_is_within_25_percent():
+    # v5e slice {X: 8, Y: 4}; all-gather over Y (length 4, no wraparound) of bf16[2048, 8192]
+    # in total, i.e. 8.4 MB shards: the profile measured 680 us (REFERENCE.md §2).
+    topo = az.Topology.simulated((8, 4), generation="v5e")
+    assert topo.wrap == (False, False)
+    mesh = (8, 4)
+    gather_y = az.Collective("all-gather", az.mesh_axis_groups(mesh, [1]),
+                             bytes=2048 * 8192 * 2)
+    predicted = az.estimate(gather_y, topo, _compact(topo)).seconds
+    assert predicted == pytest.approx(680e-6, rel=0.25)
+
+
+def test_wrapped_ring_matches_the_bidirectional_ring_formula():
+    # Independent check: a bidirectional ring all-gather of V bytes over X chips moves
+    # (X-1)/X * V / 2 bytes over every link in each direction.
+    topo = az.Topology.simulated((16,), wrap=(True,))
+    chip = az.chip_spec("v5e")
+    total = 64 * MB
+    result = az.estimate(az.Collective("all-gather", [list(range(16))], total), topo)
+    expected = 15 / 16 * total / 2 / (chip.ici_link_bandwidth * chip.ici_efficiency)
+    assert result.bandwidth_seconds == pytest.approx(expected, rel=1e-9)
+    assert result.latency_seconds == pytest.approx(8 * chip.ici_hop_latency)
+    link_bytes = result.link_bytes[topo.link_exists]
+    assert np.allclose(link_bytes, link_bytes[0]), "a full ring loads every link equally"
+
+
+def test_wraparound_roughly_halves_a_large_all_gather_on_a_long_line():
+    line = az.Topology.simulated((16,), wrap=(False,))
+    ring = az.Topology.simulated((16,), wrap=(True,))
+    gather = az.Collective("all-gather", [list(range(16))], 256 * MB)
+    ratio = az.estimate(gather, ring).seconds / az.estimate(gather, line).seconds
+    assert 0.45 < ratio < 0.55
+
+
+@pytest.mark.parametrize(("shape", "wrapped"), [
+    ((4, 4), (True, True)), ((8, 4), (True, False)), ((16,), (True,)), ((4, 4, 4), (True,) * 3),
+    ((6, 4), (True, True)),
+])
+def test_adding_wraparound_never_slows_a_collective(shape, wrapped):
+    rng = np.random.default_rng(2)
+    plain = az.Topology.simulated(shape, wrap=(False,) * len(shape))
+    torus = az.Topology.simulated(shape, wrap=wrapped)
+    for trial in range(4):
+        placement = _compact(plain) if trial == 0 else rng.permutation(plain.num_devices)
+        for collective in _collectives(shape, 8 * MB, rng):
+            slow = az.estimate(collective, plain, placement).seconds
+            fast = az.estimate(collective, torus, placement).seconds
+            assert fast <= slow * (1 + 1e-9), (collective.name, collective.kind, trial)
+
+
+def _symmetry_maps(topo):
+    """Coordinate maps of the slice onto itself: mirrors, axis swaps, torus translations."""
+    shape, ndim = topo.shape, topo.ndim
+    maps = []
+    for axis in range(ndim):
+        def mirror(c, axis=axis):
+            c = c.copy()
+            c[:, axis] = shape[axis] - 1 - c[:, axis]
+            return c
+        maps.append(("mirror", mirror))
+        if topo.wrap[axis]:
+            def shift(c, axis=axis):
+                c = c.copy()
+                c[:, axis] = (c[:, axis] + 1) % shape[axis]
+                return c
+            maps.append(("translate", shift))
+    for perm in itertools.permutations(range(ndim)):
+        if all(shape[a] == shape[p] and topo.wrap[a] == topo.wrap[p]
+               for a, p in enumerate(perm)) and list(perm) != list(range(ndim)):
+            maps.append(("rotate", lambda c, perm=perm: c[:, list(perm)]))
+    return maps
+
+
+@pytest.mark.parametrize(("generation", "shape", "wrap"), [
+    ("v5e", (4, 4), None), ("v5e", (4, 4), (True, True)), ("v5p", (4, 4, 4), None),
+    ("v5p", (2, 2, 4), None), ("v5e", (8, 16), None),
+])
+def test_mirror_rotation_translation_of_a_placement_leave_the_time_unchanged(
+        generation, shape, wrap):
+    topo = az.Topology.simulated(shape, generation=generation, wrap=wrap)
+    index_of = {tuple(c): i for i, c in enumerate(topo.coords)}
+    rng = np.random.default_rng(3)
+    maps = _symmetry_maps(topo)
+    assert any(kind == "mirror" for kind, _ in maps)
+    collectives = _collectives(shape, 4 * MB, rng)
+    for placement in (_compact(topo), rng.permutation(topo.num_devices)):
+        base = [az.estimate(c, topo, placement).seconds for c in collectives]
+        for kind, mapping in maps:
+            moved = mapping(topo.coords[placement])
+            moved_placement = np.array([index_of[tuple(c)] for c in moved])
+            times = [az.estimate(c, topo, moved_placement).seconds for c in collectives]
+            np.testing.assert_allclose(times, base, rtol=1e-9, err_msg=kind)
+
+
+@pytest.mark.parametrize("kind", az.COLLECTIVE_KINDS)
+def test_more_groups_sharing_links_never_make_it_faster(kind):
+    topo = az.Topology.simulated((4, 4))
+    rng = np.random.default_rng(4)
+    for _ in range(10):
+        if kind == "collective-permute":
+            groups = list(zip(range(16), rng.permutation(16), strict=True))
+        else:
+            groups = rng.permutation(16).reshape(4, 4).tolist()
+        placement = rng.permutation(16)
+        times = [az.estimate(az.Collective(kind, groups[:k], 8 * MB), topo, placement).seconds
+                 for k in range(1, len(groups) + 1)]
+        assert all(b >= a * (1 - 1e-12) for a, b in itertools.pairwise(times))
+
+
+def test_placement_matters_for_a_collective_over_one_mesh_axis():
+    topo = az.Topology.from_name("v5e:4x4", deviceless=False)
+    gather = az.Collective("all-gather", az.mesh_axis_groups((4, 4), [1]), 32 * MB)
+    compact = az.estimate(gather, topo, _compact(topo))
+    scattered = az.estimate(gather, topo, np.random.default_rng(0).permutation(16))
+    assert scattered.seconds > 1.2 * compact.seconds
+    assert compact.busiest_link is not None
+    assert compact.busiest_link_bytes == compact.link_bytes.max()
+
+
+def test_kinds_relate_as_their_algorithms_say():
+    topo = az.Topology.simulated((4, 4), wrap=(True, True))
+    groups = az.mesh_axis_groups((4, 4), [0, 1])
+    placement = np.random.default_rng(5).permutation(16)
+
+    def bw(kind, size):
+        return az.estimate(az.Collective(kind, groups, size), topo, placement).bandwidth_seconds
+
+    assert bw("reduce-scatter", 2 * MB) == pytest.approx(bw("all-gather", 32 * MB))
+    assert bw("all-reduce", 32 * MB) == pytest.approx(2 * bw("all-gather", 32 * MB))
+    assert bw("all-to-all", 64 * MB) == pytest.approx(2 * bw("all-to-all", 32 * MB))
+
+
+def test_members_on_one_chip_cost_nothing():
+    topo = az.Topology.from_name("v4:2x2x2", deviceless=False)  # two devices per chip
+    grid = topo.device_grid()
+    same_chip = [list(grid[x, y, z]) for x in range(2) for y in range(2) for z in range(2)]
+    result = az.estimate(az.Collective("all-gather", same_chip, 8 * MB), topo)
+    assert result.seconds == 0 and result.busiest_link is None
+
+
+def test_program_sums_its_collectives_and_counts_scale():
+    topo = az.Topology.simulated((2, 4))
+    one = az.Collective("all-gather", az.mesh_axis_groups((2, 4), [1]), 4 * MB)
+    many = az.Collective("all-gather", one.groups, 4 * MB, count=40, name="layers")
+    single = az.estimate(one, topo)
+    looped = az.estimate(many, topo)
+    assert looped.seconds == pytest.approx(40 * single.seconds)
+    np.testing.assert_allclose(looped.link_bytes, 40 * single.link_bytes)
+    program = az.estimate([one, many], topo)
+    assert program.seconds == pytest.approx(41 * single.seconds)
+    assert len(program.parts) == 2
+    np.testing.assert_allclose(program.link_bytes, 41 * single.link_bytes)
+
+    class Program:
+        collectives = (one, many)
+
+    assert az.estimate(Program(), topo).seconds == pytest.approx(program.seconds)
+
+
+def test_options_switch_the_modelling_choices():
+    topo = az.Topology.simulated((4, 4))
+    gather = az.Collective("all-gather", [list(range(16))], 32 * MB)
+    concurrent = az.estimate(gather, topo)
+    sequential = az.estimate(gather, topo, options=az.ModelOptions(multi_axis="sequential"))
+    assert sequential.seconds > concurrent.seconds
+    with pytest.raises(az.AoizoraError, match="'fastest'"):
+        az.ModelOptions(routing="fastest")
+
+
+@pytest.mark.parametrize(("make", "pattern"), [
+    (lambda: az.Collective("broadcast", [[0, 1]], 1), r"'broadcast'.*all-gather"),
+    (lambda: az.Collective("all-gather", [[0, 1], [1, 2]], 1), "disjoint"),
+    (lambda: az.Collective("all-gather", [[0, -1]], 1), "non-negative"),
+    (lambda: az.Collective("collective-permute", [[0, 1, 2]], 1), r"\(source, target\)"),
+    (lambda: az.Collective("all-gather", [[0, 1]], -5), "bytes=-5"),
+    (lambda: az.Collective("all-gather", [["a", "b"]], 1), "integer logical device ids"),
+    (lambda: az.Collective("all-gather", [[0, 1]], 1, count=1.5), r"count=1\.5"),
+])
+def test_bad_collectives_name_the_bad_value(make, pattern):
+    with pytest.raises(az.AoizoraError, match=pattern):
+        make()
+
+
+def test_bad_placements_and_ids_are_clear_errors():
+    topo = az.Topology.simulated((2, 2))
+    gather = az.Collective("all-gather", [[0, 1, 2, 3]], 1)
+    with pytest.raises(az.AoizoraError, match=r"\[0, 0, 1, 2\].*permutation"):
+        az.estimate(gather, topo, [0, 0, 1, 2])
+    with pytest.raises(az.AoizoraError, match="permutation"):
+        az.estimate(gather, topo, [0, 1, 2])
+    with pytest.raises(az.AoizoraError, match="logical device 7"):
+        az.estimate(az.Collective("all-gather", [[0, 7]], 1), topo)
+
+
+def test_mesh_axis_groups_follow_row_major_ids():
+    assert az.mesh_axis_groups((2, 4), [1]) == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert az.mesh_axis_groups((2, 4), [0]) == [[0, 4], [1, 5], [2, 6], [3, 7]]
+    assert az.mesh_axis_groups((2, 4), [0, 1]) == [list(range(8))]
+    with pytest.raises(az.AoizoraError, match=r"\[2\]"):
+        az.mesh_axis_groups((2, 4), [2])
+
+
+def test_compare_placements_reports_each_placement():
+    topo = az.Topology.simulated((4, 4))
+    table = compare_placements(standard_collectives((4, 4), 8 * MB), topo,
+                               {"compact": _compact(topo), "reversed": _compact(topo)[::-1]})
+    assert list(table.columns[:3]) == ["collective", "groups", "compact us"]
+    assert (table["slowest / fastest"] >= 1).all()
+    # Reversing the device order is a point reflection of the slice: same times.
+    np.testing.assert_allclose(table["compact us"], table["reversed us"])
