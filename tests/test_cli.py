@@ -1,0 +1,54 @@
+import inspect
+import re
+import subprocess
+import sys
+
+import pytest
+
+import aoizora_lab as az
+from aoizora_lab.cli import main
+
+
+def test_topology_command_prints_the_slice_and_a_placement_table(capsys):
+    assert main(["topology", "v5e:2x4", "--deviceless", "never", "--bytes", "1e7"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("v5e:2x4: 8 chips, 8 devices")
+    assert "simulated" in out
+    names = ["all-gather over x", "all-gather over y", "all-reduce over all",
+             "all-to-all over all", "shift +1 along x"]
+    rows = {name: line for line in out.splitlines() for name in names
+            if line.strip().startswith(name)}
+    assert set(rows) == set(names)
+    # Times are the only decimals on a row: compact us, scattered us, slowest / fastest.
+    compact_us, scattered_us, ratio = map(float, re.findall(r"\d+\.\d+", rows[names[-1]]))
+    assert compact_us <= scattered_us
+    assert ratio == pytest.approx(scattered_us / compact_us, abs=0.02)
+
+
+def test_topology_command_uses_libtpu_devices_when_it_can(capsys):
+    assert main(["topology", "v5e:2x2", "--deviceless", "require"]) == 0
+    assert "libtpu deviceless" in capsys.readouterr().out
+
+
+def test_bad_slice_name_is_one_clear_line_and_status_2(capsys):
+    assert main(["topology", "v5e:3x3"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("aoizora-lab: error:") and "'3x3'" in err and "4x4" in err
+    assert "Traceback" not in err
+
+
+def test_console_script_is_installed():
+    done = subprocess.run([sys.executable, "-m", "aoizora_lab.cli", "topology", "v6e:4x4",
+                           "--deviceless", "never"], capture_output=True, text=True, check=True)
+    assert done.stdout.startswith("v6e:4x4: 16 chips")
+    assert "WARNING" not in done.stderr
+
+
+def test_public_api_has_the_documented_signatures():
+    for name in ("Topology", "ChipSpec", "chip_spec", "Collective", "CommEstimate", "estimate"):
+        assert hasattr(az, name), name
+    assert list(inspect.signature(az.estimate).parameters)[:3] == [
+        "collectives", "topology", "placement"]
+    assert list(inspect.signature(az.Collective).parameters) == [
+        "kind", "groups", "bytes", "count", "name"]
+    assert inspect.signature(az.Topology.simulated).parameters["generation"].default == "v5e"
