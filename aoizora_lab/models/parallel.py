@@ -62,6 +62,8 @@ class ParallelPlan:
     """Mesh axes the weights are sharded over (gathered layer by layer)."""
     attention: str = "blockwise"
     """Attention backend inside each device: ``dense``, ``blockwise`` or ``splash`` (TPU)."""
+    attention_block: int = 512
+    """Query and key block length of the ``blockwise`` backend."""
 
     def __post_init__(self) -> None:
         check_backend(self.attention)
@@ -171,10 +173,16 @@ class ParallelPlan:
 
     # ------------------------------------------------------------------ attention
 
+    def _local_attention(self) -> Any:
+        if self.attention == "blockwise":
+            return attention_fn("blockwise", block_q=self.attention_block,
+                                block_kv=self.attention_block)
+        return attention_fn(self.attention)
+
     def self_attention(self, q: jax.Array, k: jax.Array, v: jax.Array, *,
                        valid_tokens: int) -> jax.Array:
         """Attention over the (sharded) token axis; keys at ``>= valid_tokens`` are padding."""
-        local = attention_fn(self.attention)
+        local = self._local_attention()
         if self.mesh is None:
             return local(q, k, v, kv_valid=valid_tokens)[0]
         spec = self.heads_spec(sequence=True)
@@ -184,7 +192,7 @@ class ParallelPlan:
 
     def cross_attention(self, q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
         """Attention of token queries to replicated text/image keys (no masking)."""
-        local = attention_fn(self.attention)
+        local = self._local_attention()
         if self.mesh is None:
             return local(q, k, v)[0]
         q_spec, kv_spec = self.heads_spec(sequence=True), self.heads_spec(sequence=False)

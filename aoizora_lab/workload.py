@@ -1,0 +1,198 @@
+"""What the planner optimises: one denoising step of a Wan 2.1 model on a video of a given size.
+
+A :class:`Workload` fixes the model, the video size and whether classifier-free guidance runs
+(a conditional and an unconditional pass per step). From it follow the latent shape and the
+token count, e.g. 832x480, 81 frames:
+
+    latent = (16, (81 - 1) / 4 + 1, 480 / 8, 832 / 8) = (16, 21, 60, 104)
+    tokens = 21 * (60 / 2) * (104 / 2) = 32,760
+
+:func:`denoise_step` is the unit the planner compiles and times: both passes batched (batch 2,
+so a ``cfg`` mesh axis of 2 puts them on different devices, as MaxDiffusion does) and the
+guidance combine ``uncond + scale * (cond - uncond)``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from aoizora_lab.errors import AoizoraError
+from aoizora_lab.models.parallel import ParallelPlan
+from aoizora_lab.models.wan import CLIP_DIM, CLIP_TOKENS, Params, WanConfig, forward
+
+VAE_STRIDE = (4, 8, 8)  # Wan 2.1 VAE: frames, height, width (official wan/configs)
+LATENT_CHANNELS = 16
+I2V_CONDITION_CHANNELS = 20  # 4 mask channels + 16 image-latent channels (official i2v)
+
+RESOLUTIONS: dict[str, tuple[int, int]] = {"480p": (832, 480), "720p": (1280, 720)}
+"""Named video sizes (width, height) of the official Wan 2.1 presets."""
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One denoising step of ``model`` on a ``width`` x ``height`` video of ``frames`` frames."""
+
+    model: str
+    """Wan preset name (``"wan2.1-t2v-1.3b"``...); see :meth:`config`."""
+    height: int
+    """Video height in pixels (a multiple of 16)."""
+    width: int
+    """Video width in pixels (a multiple of 16)."""
+    frames: int = 81
+    """Video frames, ``4n + 1``."""
+    cfg: bool = True
+    """Classifier-free guidance: a conditional and an unconditional pass per step."""
+    text_len: int = 512
+    """Text tokens fed to the model (at most the model's ``text_len``)."""
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise :class:`AoizoraError` naming any value the model cannot take."""
+        model = self.config()
+        for name in ("height", "width", "frames", "text_len"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise AoizoraError(f"Workload.{name}={value!r} must be a positive integer.")
+        spatial = VAE_STRIDE[1] * model.patch_size[1]
+        if self.height % spatial or self.width % (VAE_STRIDE[2] * model.patch_size[2]):
+            raise AoizoraError(
+                f"Workload {self.width}x{self.height}: width and height must be multiples of "
+                f"{spatial} (VAE stride 8 x patch 2), e.g. 832x480 or 1280x720."
+            )
+        if (self.frames - 1) % VAE_STRIDE[0]:
+            raise AoizoraError(
+                f"Workload.frames={self.frames} must be 4n + 1 (e.g. 81) for the Wan VAE."
+            )
+        if self.text_len > model.text_len:
+            raise AoizoraError(
+                f"Workload.text_len={self.text_len} exceeds the model's text_len "
+                f"{model.text_len}."
+            )
+
+    @classmethod
+    def preset(cls, model: str, resolution: str, *, frames: int = 81, cfg: bool = True) -> Workload:
+        """``Workload.preset("wan2.1-t2v-14b", "720p")``: a named size from :data:`RESOLUTIONS`."""
+        if resolution not in RESOLUTIONS:
+            raise AoizoraError(
+                f"Unknown resolution {resolution!r}; named resolutions are {list(RESOLUTIONS)} "
+                "(or pass width and height to Workload)."
+            )
+        width, height = RESOLUTIONS[resolution]
+        return cls(model=model, height=height, width=width, frames=frames, cfg=cfg)
+
+    def config(self) -> WanConfig:
+        """The model's :class:`WanConfig`."""
+        return WanConfig.preset(self.model)
+
+    @property
+    def name(self) -> str:
+        """Short label, e.g. ``wan2.1-t2v-14b@1280x720x81``."""
+        return f"{self.model}@{self.width}x{self.height}x{self.frames}"
+
+    @property
+    def batch(self) -> int:
+        """Forward passes batched per step: 2 with guidance, else 1."""
+        return 2 if self.cfg else 1
+
+    @property
+    def latent_shape(self) -> tuple[int, int, int, int]:
+        """``(channels, latent frames, latent height, latent width)`` of the noisy latent."""
+        return (LATENT_CHANNELS, (self.frames - 1) // VAE_STRIDE[0] + 1,
+                self.height // VAE_STRIDE[1], self.width // VAE_STRIDE[2])
+
+    @property
+    def token_grid(self) -> tuple[int, int, int]:
+        """Tokens along (frames, height, width) after patching."""
+        _, f, h, w = self.latent_shape
+        pt, ph, pw = self.config().patch_size
+        return f // pt, h // ph, w // pw
+
+    @property
+    def tokens(self) -> int:
+        """Video tokens per pass (32,760 at 480p, 75,600 at 720p, 81 frames)."""
+        return math.prod(self.token_grid)
+
+    def abstract_inputs(self, dtype: Any = jnp.bfloat16) -> dict[str, jax.ShapeDtypeStruct]:
+        """Shapes of :func:`denoise_step`'s inputs for one video (batch 1), nothing allocated."""
+        model = self.config()
+        shapes: dict[str, tuple[tuple[int, ...], Any]] = {
+            "latents": ((1, *self.latent_shape), dtype),
+            "t": ((1,), jnp.float32),
+            "context": ((1, self.text_len, model.text_dim), dtype),
+        }
+        if self.cfg:
+            shapes["negative_context"] = shapes["context"]
+        if model.model_type == "i2v":
+            shapes["clip_fea"] = ((1, CLIP_TOKENS, CLIP_DIM), dtype)
+            shapes["y"] = ((1, I2V_CONDITION_CHANNELS, *self.latent_shape[1:]), dtype)
+        return {name: jax.ShapeDtypeStruct(shape, dt) for name, (shape, dt) in shapes.items()}
+
+    def random_inputs(self, key: jax.Array, dtype: Any = jnp.float32) -> dict[str, jax.Array]:
+        """Random inputs of :meth:`abstract_inputs`' shapes (timestep 500)."""
+        specs = self.abstract_inputs(dtype)
+        keys = dict(zip(specs, jax.random.split(key, len(specs)), strict=True))
+        inputs = {name: jax.random.normal(keys[name], s.shape, s.dtype)
+                  for name, s in specs.items() if name != "t"}
+        inputs["t"] = jnp.full((1,), 500.0, jnp.float32)
+        return inputs
+
+
+def denoise_step(params: Params, model: WanConfig, latents: jax.Array, t: jax.Array,
+                 context: jax.Array, negative_context: jax.Array | None = None, *,
+                 guidance_scale: float = 5.0, clip_fea: jax.Array | None = None,
+                 y: jax.Array | None = None, plan: ParallelPlan | None = None) -> jax.Array:
+    """One denoising step's model prediction for one video ``latents`` ``[1, C, F, H, W]``.
+
+    With ``negative_context`` (guidance) the conditional and unconditional passes run batched
+    and combine as ``uncond + guidance_scale * (cond - uncond)``; without it one pass runs.
+    """
+    if negative_context is None:
+        return forward(params, model, latents, t, context, clip_fea=clip_fea, y=y, plan=plan)
+
+    def twice(a: jax.Array | None) -> jax.Array | None:
+        return None if a is None else jnp.concatenate([a, a])
+
+    both = forward(params, model, twice(latents), twice(t),
+                   jnp.concatenate([context, negative_context]),
+                   clip_fea=twice(clip_fea), y=twice(y), plan=plan)
+    cond, uncond = both[:1], both[1:]
+    return uncond + guidance_scale * (cond - uncond)
+
+
+def lower_step(workload: Workload, plan: ParallelPlan, *, num_layers: int | None = None,
+               dtype: Any = jnp.bfloat16, guidance_scale: float = 5.0) -> jax.stages.Lowered:
+    """Lower :func:`denoise_step` for ``workload`` under ``plan`` from shapes alone.
+
+    Weights are laid out as the plan stores them (tp and FSDP sharded), inputs and the output
+    replicated. ``num_layers`` lowers a shallower model of the same width (the layer loop is a
+    ``scan``, so a compile of few layers shows the per-layer program). Works with live or
+    deviceless TPU devices and with CPU host devices in ``plan.mesh``.
+    """
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    from aoizora_lab.models.wan import abstract_params, param_shardings
+
+    if plan.mesh is None:
+        raise AoizoraError("lower_step needs a ParallelPlan with a mesh.")
+    model = workload.config()
+    if num_layers is not None:
+        model = model.with_layers(num_layers)
+    replicated = NamedSharding(plan.mesh, P())
+    shardings = param_shardings(model, plan)
+    params = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                          abstract_params(model, dtype), shardings)
+    inputs = {name: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=replicated)
+              for name, s in workload.abstract_inputs(dtype).items()}
+
+    def step(params: Params, inputs: dict[str, jax.Array]) -> jax.Array:
+        return denoise_step(params, model, guidance_scale=guidance_scale, plan=plan, **inputs)
+
+    return jax.jit(step, out_shardings=replicated).lower(params, inputs)
