@@ -27,22 +27,31 @@ from aoizora_lab.hardware import (  # noqa: E402
     ChipSpec,
     chip_spec,
 )
+from aoizora_lab.models.parallel import ROLES, ParallelPlan  # noqa: E402
+from aoizora_lab.models.wan import WanConfig  # noqa: E402
 from aoizora_lab.topology import Link, Topology, default_wrap  # noqa: E402
+from aoizora_lab.workload import Workload, denoise_step, lower_step  # noqa: E402
 
 __all__ = [
     "COLLECTIVE_KINDS",
     "GENERATIONS",
     "ICI_LINK_BANDWIDTH_CLOUD",
+    "ROLES",
     "AoizoraError",
     "ChipSpec",
     "Collective",
     "CommEstimate",
     "Link",
     "ModelOptions",
+    "ParallelPlan",
     "Topology",
+    "WanConfig",
+    "Workload",
     "chip_spec",
     "default_wrap",
+    "denoise_step",
     "estimate",
+    "lower_step",
     "mesh_axis_groups",
 ]
 __version__ = "0.1.0"
