@@ -37,8 +37,8 @@ RESOLUTIONS: dict[str, tuple[int, int]] = {"480p": (832, 480), "720p": (1280, 72
 class Workload:
     """One denoising step of ``model`` on a ``width`` x ``height`` video of ``frames`` frames."""
 
-    model: str
-    """Wan preset name (``"wan2.1-t2v-1.3b"``...); see :meth:`config`."""
+    model: str | WanConfig
+    """Wan preset name (``"wan2.1-t2v-1.3b"``...) or a custom :class:`WanConfig`."""
     height: int
     """Video height in pixels (a multiple of 16)."""
     width: int
@@ -89,12 +89,13 @@ class Workload:
 
     def config(self) -> WanConfig:
         """The model's :class:`WanConfig`."""
-        return WanConfig.preset(self.model)
+        return self.model if isinstance(self.model, WanConfig) else WanConfig.preset(self.model)
 
     @property
     def name(self) -> str:
         """Short label, e.g. ``wan2.1-t2v-14b@1280x720x81``."""
-        return f"{self.model}@{self.width}x{self.height}x{self.frames}"
+        model = self.model if isinstance(self.model, str) else "custom"
+        return f"{model}@{self.width}x{self.height}x{self.frames}"
 
     @property
     def batch(self) -> int:

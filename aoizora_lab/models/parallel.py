@@ -50,6 +50,15 @@ ROLES: tuple[str, ...] = ("cfg", "ulysses", "ring", "context", "tp")
 SEQUENCE_ROLES: tuple[str, ...] = ("context", "ring", "ulysses")
 
 
+def spec_shards(spec: P | tuple[Any, ...], axis_sizes: Mapping[str, int]) -> int:
+    """Into how many pieces ``spec`` splits an array: the product of the axes it names."""
+    shards = 1
+    for entry in spec:
+        for axis in (entry,) if isinstance(entry, str) else (entry or ()):
+            shards *= axis_sizes[axis]
+    return shards
+
+
 @dataclass(frozen=True)
 class ParallelPlan:
     """A mesh and the parallel role of each of its axes (see the module docstring)."""

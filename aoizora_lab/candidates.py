@@ -1,0 +1,251 @@
+"""Logical sharding candidates: every way to split one Wan denoising step over a slice's chips.
+
+A :class:`Candidate` gives each parallel role a degree (``cfg``, ``ulysses``, ``ring``,
+``context``, ``tp``; degree 1 = role unused) with the product equal to the device count, plus
+``fsdp``: whether the weights are stored sharded over every non-tp axis and gathered layer by
+layer. FSDP is a flag, not an axis of its own: in inference (batch <= 2) an axis that only
+shards weights would repeat the same computation on each of its devices, so FSDP rides on the
+axes that already split the work (MaxDiffusion shards weights over its ``context`` axis the
+same way).
+
+Names are short and stable, roles in the order above: ``cfg2-uly4-ring2``, ``cfg2-ctx4-fsdp``,
+``tp8``; ``single`` on one device. Which logical axis sits where on the chips is a *placement*
+question (:mod:`aoizora_lab.placement`), so candidates are never multiplied by axis orders.
+
+:func:`explain_candidates` lists *every* combination of role degrees considered, with
+``valid`` and the reasons each invalid one is excluded; :func:`enumerate_candidates` returns
+the valid ones. Example, Wan 2.1 14B at 720p on 16 chips: ``cfg4-uly4`` is out (a step has 2
+passes), ``uly16`` is out (40 heads do not divide by 16), ``cfg2-uly8`` (no fsdp) is out
+(the 28.6 GB of bf16 weights replicated do not fit 15.75 GiB), ``cfg2-uly8-fsdp`` is in.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import AbstractMesh, Mesh
+from jax.sharding import PartitionSpec as P
+
+from aoizora_lab.errors import AoizoraError
+from aoizora_lab.hardware import chip_spec
+from aoizora_lab.models.attention import check_backend
+from aoizora_lab.models.parallel import ROLES, ParallelPlan, spec_shards
+from aoizora_lab.models.wan import WanConfig, param_leaves, param_specs
+from aoizora_lab.topology import Topology
+from aoizora_lab.workload import Workload
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+ABBREVIATIONS = {"cfg": "cfg", "ulysses": "uly", "ring": "ring", "context": "ctx", "tp": "tp"}
+_ROLE_OF = {abbr: role for role, abbr in ABBREVIATIONS.items()}
+
+
+@dataclass(frozen=True)
+class MeshAxis:
+    """One logical mesh axis: its name, size and parallel role."""
+
+    name: str
+    """Axis name in the ``Mesh`` (the role's name)."""
+    size: int
+    """Devices along the axis (> 1; size-1 axes are dropped)."""
+    role: str
+    """One of ``cfg``, ``ulysses``, ``ring``, ``context``, ``tp``."""
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A logical sharding of the Wan step: mesh axes with roles, FSDP, attention backend."""
+
+    axes: tuple[MeshAxis, ...]
+    """Logical mesh axes in role order (cfg, ulysses, ring, context, tp)."""
+    fsdp: bool = False
+    """Weights stored sharded over every non-tp axis, gathered layer by layer."""
+    attention: str = "splash"
+    """Attention backend inside each device (``splash`` on TPU, ``blockwise`` on CPU)."""
+
+    def __post_init__(self) -> None:
+        check_backend(self.attention)
+        roles = [a.role for a in self.axes]
+        if roles != [r for r in ROLES if r in roles] or any(a.size < 2 for a in self.axes):
+            raise AoizoraError(
+                f"Candidate axes {self.axes} must have distinct roles in the order {list(ROLES)} "
+                "and sizes of at least 2 (drop size-1 axes)."
+            )
+        if self.fsdp and not any(a.role != "tp" for a in self.axes):
+            raise AoizoraError("fsdp needs a mesh axis besides tp to shard the weights over.")
+
+    @classmethod
+    def from_degrees(cls, degrees: dict[str, int], *, fsdp: bool = False,
+                     attention: str = "splash") -> Candidate:
+        """``Candidate.from_degrees({"cfg": 2, "ulysses": 4})``; degree-1 roles are dropped."""
+        unknown = sorted(set(degrees) - set(ROLES))
+        if unknown:
+            raise AoizoraError(f"Unknown roles {unknown}; roles are {list(ROLES)}.")
+        axes = tuple(MeshAxis(role, int(degrees[role]), role) for role in ROLES
+                     if int(degrees.get(role, 1)) > 1)
+        return cls(axes, fsdp=fsdp, attention=attention)
+
+    @classmethod
+    def from_name(cls, name: str, *, attention: str = "splash") -> Candidate:
+        """Parse a candidate name such as ``cfg2-uly4-ring2-fsdp`` (or ``single``)."""
+        parts = str(name).strip().lower().split("-")
+        fsdp = parts[-1] == "fsdp"
+        parts = parts[:-1] if fsdp else parts
+        degrees: dict[str, int] = {}
+        for part in parts if parts != ["single"] else []:
+            match = re.fullmatch(r"([a-z]+)(\d+)", part)
+            if not match or match.group(1) not in _ROLE_OF or _ROLE_OF[match.group(1)] in degrees:
+                raise AoizoraError(
+                    f"Candidate name {name!r}: part {part!r} is not ROLE+DEGREE with a role from "
+                    f"{list(_ROLE_OF)} used once, e.g. 'cfg2-uly4-ring2-fsdp'."
+                )
+            degrees[_ROLE_OF[match.group(1)]] = int(match.group(2))
+        return cls.from_degrees(degrees, fsdp=fsdp, attention=attention)
+
+    @property
+    def name(self) -> str:
+        """Short stable name, e.g. ``cfg2-uly4-ring2`` or ``cfg2-ctx4-fsdp``."""
+        core = "-".join(f"{ABBREVIATIONS[a.role]}{a.size}" for a in self.axes) or "single"
+        return core + ("-fsdp" if self.fsdp else "")
+
+    @property
+    def mesh_shape(self) -> tuple[int, ...]:
+        """Sizes of the logical mesh axes."""
+        return tuple(a.size for a in self.axes)
+
+    @property
+    def axis_names(self) -> tuple[str, ...]:
+        """Names of the logical mesh axes."""
+        return tuple(a.name for a in self.axes)
+
+    @property
+    def num_devices(self) -> int:
+        """Devices the candidate spans."""
+        return math.prod(self.mesh_shape)
+
+    def degree(self, role: str) -> int:
+        """Degree of ``role`` (1 if unused)."""
+        return math.prod(a.size for a in self.axes if a.role == role)
+
+    def plan(self, devices: Any = None) -> ParallelPlan:
+        """The :class:`ParallelPlan`: on ``devices`` (any array of devices in logical order,
+        reshaped to the mesh) or, with ``None``, on an abstract mesh for tracing only."""
+        if devices is None:
+            mesh: Mesh | AbstractMesh = AbstractMesh(self.mesh_shape, self.axis_names)
+        else:
+            import numpy as np
+
+            array = np.asarray(devices, dtype=object)
+            if array.size != self.num_devices:
+                raise AoizoraError(
+                    f"Candidate {self.name} needs {self.num_devices} devices, got {array.size}."
+                )
+            mesh = Mesh(array.reshape(self.mesh_shape), self.axis_names)
+        fsdp_axes = tuple(a.name for a in self.axes if a.role != "tp") if self.fsdp else ()
+        return ParallelPlan(mesh, {a.name: a.role for a in self.axes}, fsdp_axes=fsdp_axes,
+                            attention=self.attention)
+
+    def partition_specs(self, cfg: WanConfig) -> dict[str, Any]:
+        """Specs of the parameters (as stored), token activations and attention inputs."""
+        plan = self.plan()
+        return {"params": param_specs(cfg, plan), "activations": plan.activation_spec,
+                "attention": plan.heads_spec(sequence=True)}
+
+    def weight_bytes_per_device(self, cfg: WanConfig, dtype: Any = jnp.bfloat16) -> float:
+        """Bytes of stored weights on one device under this candidate's sharding."""
+        sizes = dict(zip(self.axis_names, self.mesh_shape, strict=True))
+        itemsize = jnp.dtype(dtype).itemsize
+        leaves = jax.tree.leaves(param_leaves(cfg), is_leaf=lambda n: isinstance(n, tuple)
+                                 and len(n) == 3 and isinstance(n[0], tuple))
+        specs = jax.tree.leaves(self.partition_specs(cfg)["params"],
+                                is_leaf=lambda n: isinstance(n, P))
+        return sum(math.prod(leaf[0]) * itemsize / spec_shards(spec, sizes)
+                   for leaf, spec in zip(leaves, specs, strict=True))
+
+
+def _degree_tuples(devices: int, slots: int) -> list[tuple[int, ...]]:
+    """Every ordered tuple of ``slots`` positive ints whose product is ``devices``."""
+    if slots == 1:
+        return [(devices,)]
+    divisors = [d for d in range(1, devices + 1) if devices % d == 0]
+    return [(d, *rest) for d in divisors for rest in _degree_tuples(devices // d, slots - 1)]
+
+
+def default_attention(topology: Topology) -> str:
+    """``blockwise`` when CPU host devices stand in for the chips, else ``splash`` (TPU)."""
+    return "blockwise" if topology.source == "host devices" else "splash"
+
+
+def explain_candidates(workload: Workload, topology: Topology, *, allow_padding: bool = False,
+                       attention: str | None = None, dtype: Any = jnp.bfloat16) -> pd.DataFrame:
+    """Every combination of role degrees (times fsdp on/off) with ``valid`` and ``reason``.
+
+    Exclusion rules, each named in ``reason`` (several may apply):
+
+    - a cfg degree above the passes per step (2 with guidance, 1 without);
+    - heads not divisible by ``ulysses x tp`` (heads are never padded);
+    - tokens not divisible by the sequence degree ``context x ring x ulysses``, unless
+      ``allow_padding`` (padding is then masked and costs its share of compute);
+    - fsdp with no axis besides tp to shard over;
+    - stored weights per device above the chip's usable HBM even with this sharding.
+    """
+    import pandas as pd
+
+    cfg = workload.config()
+    attention = check_backend(attention or default_attention(topology))
+    usable = chip_spec(topology.generation).hbm_usable_bytes
+    rows = []
+    for degrees in _degree_tuples(topology.num_devices, len(ROLES)):
+        by_role = dict(zip(ROLES, degrees, strict=True))
+        for fsdp in (False, True):
+            reasons = _exclusions(by_role, fsdp, workload, cfg, allow_padding)
+            weights = math.nan
+            if not any(r.startswith("fsdp") for r in reasons):
+                candidate = Candidate.from_degrees(by_role, fsdp=fsdp, attention=attention)
+                weights = candidate.weight_bytes_per_device(cfg, dtype)
+                if weights > usable:
+                    reasons.append(
+                        f"weights {weights / 2**30:.1f} GiB per device exceed the "
+                        f"{usable / 2**30:.2f} GiB usable HBM")
+            name = Candidate.from_degrees(by_role).name + ("-fsdp" if fsdp else "")
+            rows.append({"name": name, **by_role, "fsdp": fsdp,
+                         "weight_gib_per_device": weights / 2**30,
+                         "valid": not reasons, "reason": "; ".join(reasons)})
+    return pd.DataFrame(rows)
+
+
+def _exclusions(degrees: dict[str, int], fsdp: bool, workload: Workload, cfg: WanConfig,
+                allow_padding: bool) -> list[str]:
+    reasons = []
+    if degrees["cfg"] > workload.batch:
+        reasons.append(f"cfg degree {degrees['cfg']} > {workload.batch} passes per step")
+    heads_split = degrees["ulysses"] * degrees["tp"]
+    if cfg.num_heads % heads_split:
+        reasons.append(f"{cfg.num_heads} heads not divisible by ulysses x tp = {heads_split}")
+    sequence = degrees["context"] * degrees["ring"] * degrees["ulysses"]
+    if workload.tokens % sequence and not allow_padding:
+        padding = -workload.tokens % sequence
+        reasons.append(f"{workload.tokens:,} tokens not divisible by sequence degree "
+                       f"{sequence} (would pad {padding})")
+    if fsdp and all(d == 1 for role, d in degrees.items() if role != "tp"):
+        reasons.append("fsdp needs an axis besides tp to shard weights over")
+    return reasons
+
+
+def enumerate_candidates(workload: Workload, topology: Topology, *,
+                         allow_padding: bool = False, attention: str | None = None,
+                         dtype: Any = jnp.bfloat16) -> list[Candidate]:
+    """The valid rows of :func:`explain_candidates` as :class:`Candidate` objects."""
+    table = explain_candidates(workload, topology, allow_padding=allow_padding,
+                               attention=attention, dtype=dtype)
+    attention = attention or default_attention(topology)
+    return [Candidate.from_degrees({r: int(row[r]) for r in ROLES}, fsdp=bool(row["fsdp"]),
+                                   attention=attention)
+            for _, row in table[table["valid"]].iterrows()]
+
