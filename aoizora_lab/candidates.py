@@ -87,6 +87,9 @@ class Candidate:
         unknown = sorted(set(degrees) - set(ROLES))
         if unknown:
             raise AoizoraError(f"Unknown roles {unknown}; roles are {list(ROLES)}.")
+        bad = {role: d for role, d in degrees.items() if int(d) < 1}
+        if bad:
+            raise AoizoraError(f"Role degrees {bad} must be at least 1 (1 = role unused).")
         axes = tuple(MeshAxis(role, int(degrees[role]), role) for role in ROLES
                      if int(degrees.get(role, 1)) > 1)
         return cls(axes, fsdp=fsdp, attention=attention)

@@ -1,0 +1,105 @@
+import itertools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import aoizora_lab as az
+from aoizora_lab.candidates import Candidate, enumerate_candidates, explain_candidates
+from aoizora_lab.models.parallel import ROLES
+from aoizora_lab.models.wan import init_params, param_specs
+
+
+@pytest.fixture(scope="module")
+def big():
+    workload = az.Workload.preset("wan2.1-t2v-14b", "720p")
+    topology = az.Topology.from_name("v5e:4x4", deviceless=False)
+    return workload, topology, explain_candidates(workload, topology)
+
+
+def test_14b_720p_on_16_chips_lists_the_expected_candidates(big):
+    workload, topology, table = big
+    valid = set(table[table["valid"]]["name"])
+    for name in ("cfg2-uly8-fsdp", "cfg2-ring8-fsdp", "cfg2-ctx8-fsdp", "cfg2-uly4-ring2-fsdp",
+                 "cfg2-uly2-ring4-fsdp", "cfg2-tp8", "ring16-fsdp", "uly8-ring2-fsdp"):
+        assert name in valid, name
+    reasons = dict(zip(table["name"], table["reason"], strict=True))
+    assert "40 heads not divisible by ulysses x tp = 16" in reasons["uly16-fsdp"]
+    assert "cfg degree 4 > 2 passes" in reasons["cfg4-uly4-fsdp"]
+    assert "usable HBM" in reasons["cfg2-uly8"]  # 28.6 GB of weights replicated
+    assert "heads not divisible" in reasons["tp16"] and "fsdp needs" in reasons["tp16-fsdp"]
+    assert [c.name for c in enumerate_candidates(workload, topology)] == \
+        list(table[table["valid"]]["name"])
+
+
+def test_every_combination_is_considered_once(big):
+    _, topology, table = big
+    divisors = [d for d in range(1, 17) if 16 % d == 0]
+    combos = [c for c in itertools.product(divisors, repeat=len(ROLES)) if math.prod(c) == 16]
+    assert len(table) == 2 * len(combos)  # fsdp off and on
+    assert table["name"].is_unique
+    assert set(map(tuple, table[list(ROLES)].to_numpy())) == set(combos)
+
+
+def test_token_divisibility_and_padding():
+    workload = az.Workload.preset("wan2.1-t2v-1.3b", "480p")  # 32,760 tokens: not / 16
+    topology = az.Topology.from_name("v5e:4x4", deviceless=False)
+    strict = explain_candidates(workload, topology).set_index("name")
+    assert not strict.loc["ctx16", "valid"]
+    assert "32,760 tokens not divisible by sequence degree 16 (would pad 8)" in \
+        strict.loc["ctx16", "reason"]
+    assert strict.loc["cfg2-ctx8", "valid"]
+    padded = explain_candidates(workload, topology, allow_padding=True).set_index("name")
+    assert padded.loc["ctx16", "valid"]
+
+
+def test_host_devices_get_the_blockwise_backend():
+    topology = az.Topology.simulated((2, 4), devices=jax.devices()[:8])
+    workload = az.Workload.preset("wan2.1-t2v-1.3b", "480p")
+    assert {c.attention for c in enumerate_candidates(workload, topology)} == {"blockwise"}
+
+
+@pytest.mark.parametrize("name", ["cfg2-uly4-ring2-fsdp", "tp8", "single", "cfg2-ctx4-fsdp",
+                                  "uly2-ring2-ctx2-tp2"])
+def test_names_round_trip(name):
+    assert Candidate.from_name(name).name == name
+
+
+@pytest.mark.parametrize(("name", "pattern"), [
+    ("cfg2-foo4", r"'foo4'"), ("uly4-uly2", r"'uly2'"), ("tp8-fsdp", "besides tp"),
+    ("cfg0", r"'cfg': 0.*at least 1"),
+])
+def test_bad_names_are_clear(name, pattern):
+    with pytest.raises(az.AoizoraError, match=pattern):
+        Candidate.from_name(name)
+
+
+def test_partition_specs_follow_the_roles():
+    cfg = az.WanConfig.preset("wan2.1-t2v-1.3b")
+    specs = Candidate.from_name("cfg2-uly2-tp2-fsdp").partition_specs(cfg)
+    attn = specs["params"]["blocks"]["self_attn"]
+    assert attn["q"]["w"] == P(None, ("cfg", "ulysses"), "tp")  # column parallel, FSDP rows
+    assert attn["o"]["w"] == P(None, "tp", ("cfg", "ulysses"))  # row parallel
+    assert specs["activations"] == P("cfg", ("ulysses",), None)
+    assert specs["attention"] == P("cfg", ("ulysses",), "tp", None)
+
+
+@pytest.mark.parametrize("name", ["cfg2-uly2-tp2-fsdp", "ring8-fsdp", "ctx2-tp4", "cfg2-uly4"])
+def test_weight_bytes_per_device_match_real_shards(name):
+    cfg = az.WanConfig(dim=64, ffn_dim=128, num_heads=8, num_layers=2, text_dim=32, text_len=8,
+                       freq_dim=32)
+    candidate = Candidate.from_name(name, attention="blockwise")
+    plan = candidate.plan(jax.devices()[:8])
+    params = init_params(cfg, jax.random.key(0))
+    placed = jax.tree.map(lambda a, s: jax.device_put(a, NamedSharding(plan.mesh, s)), params,
+                          param_specs(cfg, plan), is_leaf=lambda x: isinstance(x, P))
+    first = jax.devices()[0]
+    on_first = sum(s.data.nbytes for leaf in jax.tree.leaves(placed)
+                   for s in leaf.addressable_shards if s.device == first)
+    assert on_first == candidate.weight_bytes_per_device(cfg, jnp.float32)
+    total = sum(np.prod(a.shape) * 4 for a in jax.tree.leaves(params))
+    assert (on_first < total) == (candidate.fsdp or candidate.degree("tp") > 1)

@@ -1,0 +1,55 @@
+import pytest
+
+import aoizora_lab as az
+from aoizora_lab.candidates import enumerate_candidates
+from aoizora_lab.prune import estimate_candidates, prune
+
+CASES = [("wan2.1-t2v-14b", "720p", "v5e:4x4"), ("wan2.1-t2v-1.3b", "480p", "v5e:2x4")]
+
+
+@pytest.fixture(scope="module", params=CASES, ids=lambda c: f"{c[0]}@{c[1]}-{c[2]}")
+def swept(request):
+    model, resolution, slice_name = request.param
+    workload = az.Workload.preset(model, resolution)
+    topology = az.Topology.from_name(slice_name)
+    candidates = enumerate_candidates(workload, topology)
+    estimates = estimate_candidates(candidates, workload, topology)
+    return workload, topology, candidates, estimates
+
+
+def test_pruning_keeps_a_minority_and_explains_every_row(swept):
+    workload, topology, candidates, estimates = swept
+    table = prune(candidates, workload, topology, estimates=estimates)
+    assert len(table) == len(candidates)
+    assert 3 <= table["keep"].sum() <= max(3, len(candidates) // 4)
+    assert table[table["keep"]]["reason"].str.startswith("kept").all()
+    dropped = table[~table["keep"]]["reason"]
+    assert dropped.str.match(r"cannot fit|cannot win|unlikely to win|over the compile").all()
+    best = min(estimates, key=lambda n: estimates[n].estimate_seconds)
+    assert table.iloc[0]["candidate"] == best and table.iloc[0]["keep"]
+    assert (table["lower_bound_s"] <= table["estimate_s"]).all()
+
+
+def test_a_candidate_whose_weights_do_not_fit_is_dropped_for_memory():
+    workload = az.Workload.preset("wan2.1-t2v-14b", "720p")
+    topology = az.Topology.from_name("v5e:4x4")
+    candidates = [az.candidates.Candidate.from_name(n)
+                  for n in ("cfg2-uly8-fsdp", "cfg2-uly4-tp2", "cfg2-ctx8-fsdp", "cfg2-tp8")]
+    table = prune(candidates, workload, topology, keep=1).set_index("candidate")
+    assert not table.loc["cfg2-uly4-tp2", "keep"]
+    assert table.loc["cfg2-uly4-tp2", "reason"].startswith("cannot fit: needs >= 16.")
+
+
+def test_a_failed_trace_is_recorded_and_the_rest_go_on(swept):
+    workload, topology, candidates, estimates = swept
+    broken = dict(estimates)
+    broken[candidates[0].name] = "RuntimeError: boom"
+    table = prune(candidates, workload, topology, estimates=broken).set_index("candidate")
+    assert table.loc[candidates[0].name, "reason"] == "trace failed: RuntimeError: boom"
+    assert table["keep"].sum() >= 3
+
+
+def test_bad_pruning_options_are_named(swept):
+    workload, topology, candidates, estimates = swept
+    with pytest.raises(az.AoizoraError, match="keep=0"):
+        prune(candidates, workload, topology, keep=0, estimates=estimates)
