@@ -465,16 +465,19 @@ def _reshape_spec(old_shape: Sequence[int], new_shape: Sequence[int], spec: Spec
 
 
 def estimate_ir(candidate: Candidate, workload: Workload, topology: Topology, *,
-                dtype: Any = None) -> IREstimate:
+                dtype: Any = None, num_layers: int | None = None) -> IREstimate:
     """Trace ``workload``'s denoise step under ``candidate`` and derive its bounds.
 
-    Tracing uses an abstract mesh: no devices, no compile. See the module docstring for the
-    lower bound and estimate.
+    Tracing uses an abstract mesh: no devices, no compile. ``num_layers`` estimates a
+    shallower model of the same width (to compare with a compile of that depth). See the
+    module docstring for the lower bound and estimate.
     """
     import jax.numpy as jnp
 
     dtype = dtype or jnp.bfloat16
     model = workload.config()
+    if num_layers is not None:
+        model = model.with_layers(num_layers)
     plan = candidate.plan()
     start = time.perf_counter()
     params = abstract_params(model, dtype)

@@ -1,0 +1,286 @@
+"""Read the collectives of a compiled program from its HLO text: a :class:`CommProgram`.
+
+:func:`parse_hlo` is a pure function of ``compiled.as_text()``. It finds every collective
+(``all-gather``, ``all-reduce``, ``reduce-scatter``, ``all-to-all``, ``collective-permute``; sync,
+or the ``*-start`` half of an async pair; also inside fusions and async collective fusions),
+its replica groups, its result bytes on one device, and how many times it runs per step:
+
+- **groups** in all three syntaxes the compiler prints: explicit ``{{0,1},{2,3}}``; iota
+  ``[G,S]<=[dims]T(perm)`` meaning ``arange(prod(dims)).reshape(dims).transpose(perm)
+  .reshape(G, S)``; mesh axes ``mesh['a'=2,'b'=4] {'b'}`` (optionally with
+  ``device_ids=(...)``), i.e. groups along the named axes of that id mesh. ``{}`` is one group
+  of all devices. Ids are logical partition ids, as :class:`~aoizora_lab.Collective` wants;
+  ``collective-permute`` gives its ``source_target_pairs``;
+- **bytes**: the result shape's size (for ``all-gather-start`` and ``collective-permute-start``,
+  whose result is an (operand, result, ...) tuple, the second element; for a combined
+  all-reduce of several arrays, their sum);
+- **count**: computations are weighted by how often they run: a ``while`` body by its trip
+  count (``known_trip_count`` in the backend config, else the constant its condition compares
+  the counter with), fusion and async computations by their caller's count. A loop whose trip
+  count cannot be found counts once, with a note.
+
+Example: ``%ag = bf16[1,1536,1536] all-gather(%p), replica_groups=mesh['x'=1,'y'=8] {'y'}``
+inside a loop body that runs 30 times gives ``Collective("all-gather", [[0, ..., 7]],
+bytes=4718592, count=30)``.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+from aoizora_lab.comm_model import Collective
+from aoizora_lab.errors import AoizoraError
+
+_KINDS = {
+    "all-gather": "all-gather", "all-gather-start": "all-gather",
+    "all-reduce": "all-reduce", "all-reduce-start": "all-reduce",
+    "reduce-scatter": "reduce-scatter", "all-to-all": "all-to-all",
+    "collective-permute": "collective-permute",
+    "collective-permute-start": "collective-permute",
+}
+_SECOND_OF_TUPLE = {"all-gather-start", "collective-permute-start"}
+_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4,
+          "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16,
+          "f8e4m3fn": 1, "f8e5m2": 1, "s4": 0.5, "u4": 0.5}
+_HEADER = re.compile(r"^(ENTRY\s+)?%?([\w.\-]+)\s*\(.*\{\s*$")
+_ASSIGN = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*")
+_ARRAY = re.compile(r"\b([a-z][a-z0-9]*)\[([\d,]*)\]")
+
+
+@dataclass(frozen=True)
+class CommProgram:
+    """The collectives of one compiled program and how often each runs per step."""
+
+    collectives: tuple[Collective, ...]
+    """Every collective, ``count`` = runs per step."""
+    num_devices: int
+    """Logical devices (partitions) of the program."""
+    notes: tuple[str, ...] = ()
+    """What the parser could not be sure of (e.g. a loop without a known trip count)."""
+
+    @property
+    def total_bytes(self) -> float:
+        """Result bytes on one device of every collective, times its runs."""
+        return sum(c.bytes * c.count for c in self.collectives)
+
+    def bytes_by_kind(self) -> dict[str, float]:
+        """``total_bytes`` split by collective kind."""
+        totals: dict[str, float] = {}
+        for c in self.collectives:
+            totals[c.kind] = totals.get(c.kind, 0.0) + c.bytes * c.count
+        return totals
+
+
+@dataclass
+class _Instruction:
+    name: str
+    type: str
+    op: str
+    rest: str
+
+
+def parse_hlo(text: str, num_devices: int | None = None) -> CommProgram:
+    """The :class:`CommProgram` of compiled HLO ``text`` (see the module docstring).
+
+    ``num_devices`` is needed only to expand ``replica_groups={}`` (all devices); by default
+    it is read from the module's ``num_partitions`` when present.
+    """
+    computations, entry = _computations(text)
+    if entry is None:
+        raise AoizoraError("The HLO text has no ENTRY computation; pass compiled.as_text().")
+    if num_devices is None:
+        match = re.search(r"num_partitions=(\d+)", text)
+        num_devices = int(match.group(1)) if match else None
+    notes: list[str] = []
+    runs = _runs(computations, entry, notes)
+    collectives = []
+    for comp_name, instructions in computations.items():
+        for ins in instructions:
+            if ins.op not in _KINDS or runs.get(comp_name, 0) == 0:
+                continue
+            kind = _KINDS[ins.op]
+            groups = (_pairs(ins.rest) if kind == "collective-permute"
+                      else _groups(ins.rest, num_devices, ins.name))
+            collectives.append(Collective(kind, groups, _result_bytes(ins), count=runs[comp_name],
+                                          name=ins.name))
+    devices = num_devices or 1 + max((c.max_device_id for c in collectives), default=0)
+    return CommProgram(tuple(collectives), devices, tuple(dict.fromkeys(notes)))
+
+
+# ----------------------------------------------------------------------------- structure
+
+
+def _computations(text: str) -> tuple[dict[str, list[_Instruction]], str | None]:
+    computations: dict[str, list[_Instruction]] = {}
+    entry = current = None
+    for line in text.splitlines():
+        header = _HEADER.match(line)
+        if header and not _ASSIGN.match(line):
+            current = header.group(2)
+            computations[current] = []
+            if header.group(1):
+                entry = current
+            continue
+        if current is None:
+            continue
+        if line.strip() == "}":
+            current = None
+            continue
+        assign = _ASSIGN.match(line)
+        if assign:
+            rest = line[assign.end():]
+            type_end = _type_end(rest)
+            op_match = re.match(r"\s*([\w\-]+)\(", rest[type_end:])
+            if op_match:
+                computations[current].append(_Instruction(
+                    assign.group(1), rest[:type_end], op_match.group(1),
+                    rest[type_end + op_match.end():]))
+    return computations, entry
+
+
+def _type_end(rest: str) -> int:
+    """End of the result type at the start of ``rest`` (a tuple may nest brackets)."""
+    if not rest.startswith("("):
+        return rest.find(" ") if " " in rest else len(rest)
+    depth = 0
+    for i, ch in enumerate(rest):
+        depth += ch in "([{"
+        depth -= ch in ")]}"
+        if depth == 0:
+            return i + 1
+    return len(rest)
+
+
+def _callees(ins: _Instruction) -> list[tuple[str, str]]:
+    """(role, computation) pairs this instruction runs; reducers (to_apply) are not runs."""
+    out = [(role, name) for role, name in
+           re.findall(r"\b(calls|body|condition)=%?([\w.\-]+)", ins.rest)]
+    for group in re.findall(r"branch_computations=\{([^}]*)\}", ins.rest):
+        out += [("branch", n.strip().lstrip("%")) for n in group.split(",") if n.strip()]
+    return out
+
+
+def _runs(computations: dict[str, list[_Instruction]], entry: str,
+          notes: list[str]) -> dict[str, int]:
+    runs: dict[str, int] = {}
+
+    def visit(name: str, times: int) -> None:
+        runs[name] = runs.get(name, 0) + times
+        for ins in computations.get(name, []):
+            callees = _callees(ins)
+            trips = 1
+            if ins.op == "while":
+                trips = _trip_count(ins, dict(callees).get("condition"), computations, notes)
+            for role, callee in callees:
+                visit(callee, times * (trips if role in ("body", "condition") else 1))
+
+    visit(entry, 1)
+    return runs
+
+
+def _trip_count(ins: _Instruction, condition: str | None,
+                computations: dict[str, list[_Instruction]], notes: list[str]) -> int:
+    known = re.search(r'"known_trip_count"\s*:\s*\{\s*"n"\s*:\s*"(\d+)"', ins.rest)
+    if known:
+        return int(known.group(1))
+    seen: list[_Instruction] = []
+    pending = [condition] if condition else []
+    while pending:  # the condition and the fusions it calls
+        comp = pending.pop()
+        for i in computations.get(comp, []):
+            seen.append(i)
+            pending += [c for role, c in _callees(i) if role == "calls"]
+    constants = {}
+    for i in seen:
+        value = re.match(r"\s*(-?\d+)\)", i.rest) if i.op == "constant" else None
+        if value and re.match(r"[su](32|64)\[\]", i.type):
+            constants[i.name] = int(value.group(1))
+    for i in seen:
+        if i.op != "compare":
+            continue
+        operands = re.findall(r"%([\w.\-]+)", i.rest.split(")")[0])
+        direction = re.search(r"direction=(\w+)", i.rest)
+        bound = [constants[o] for o in operands if o in constants]
+        if bound and direction and direction.group(1) in ("LT", "GT", "NE"):
+            return max(bound[0], 1)
+        if bound and direction and direction.group(1) in ("LE", "GE"):
+            return bound[0] + 1
+    notes.append(f"loop {ins.name}: trip count not found, counted once")
+    return 1
+
+
+# ----------------------------------------------------------------------------- attributes
+
+
+def _result_bytes(ins: _Instruction) -> float:
+    arrays = [(dtype, dims) for dtype, dims in _ARRAY.findall(ins.type) if dtype in _BYTES]
+    sizes = [_BYTES[dtype] * math.prod(int(d) for d in dims.split(",") if d)
+             for dtype, dims in arrays]
+    if ins.op in _SECOND_OF_TUPLE and len(sizes) >= 2:
+        return float(sizes[1])
+    return float(sum(sizes))
+
+
+def _pairs(rest: str) -> list[tuple[int, int]]:
+    match = re.search(r"source_target_pairs=\{(.*?)\}\}", rest)
+    if not match:
+        return []
+    return [tuple(int(v) for v in pair.split(","))
+            for pair in re.findall(r"\{(\d+,\d+)", match.group(1) + "}")]
+
+
+def _groups(rest: str, num_devices: int | None, name: str) -> list[list[int]]:
+    mesh = re.search(r"replica_groups=mesh\[([^\]]*)\]", rest)
+    if mesh:
+        axes = [(a, int(n)) for a, n in re.findall(r"'([^']+)'=(\d+)", mesh.group(1))]
+        tail = rest[mesh.end():]
+        ids = np.arange(math.prod(n for _, n in axes))
+        listed = re.match(r",\s*device_ids=\(", tail)
+        if listed:
+            inner = tail[listed.end():listed.end() + _type_end("(" + tail[listed.end():]) - 2]
+            ids = _id_list(inner, name)
+            tail = tail[listed.end() + len(inner) + 1:]
+        chosen = re.findall(r"'([^']+)'", re.match(r"\s*\{([^}]*)\}", tail).group(1))
+        names = [a for a, _ in axes]
+        ids = ids.reshape([n for _, n in axes])
+        keep = [names.index(a) for a in chosen]
+        others = [i for i in range(len(names)) if i not in keep]
+        size = math.prod(axes[i][1] for i in keep)
+        return ids.transpose(others + keep).reshape(-1, size).tolist()
+    iota = re.search(r"replica_groups=\[(\d+),(\d+)\]<=(\[[\d,]+\](?:T\([\d,]+\))?)", rest)
+    if iota:
+        count, size = int(iota.group(1)), int(iota.group(2))
+        return _id_list(iota.group(3), name).reshape(count, size).tolist()
+    explicit = re.search(r"replica_groups=\{((?:\{[\d,\s]*\},?\s*)*)\}", rest)
+    if explicit and explicit.group(1).strip():
+        return [[int(v) for v in g.split(",") if v.strip()]
+                for g in re.findall(r"\{([\d,\s]*)\}", explicit.group(1))]
+    if "replica_groups=" in rest and not re.search(r"replica_groups=\{\s*\}", rest):
+        raise AoizoraError(
+            f"Collective {name}: replica groups in a syntax this parser does not know: "
+            f"{rest[rest.index('replica_groups='):][:120]!r}"
+        )
+    if num_devices is None:
+        raise AoizoraError(
+            f"Collective {name} runs over all devices (replica_groups={{}}); pass num_devices."
+        )
+    return [list(range(num_devices))]
+
+
+def _id_list(text: str, name: str) -> np.ndarray:
+    """Device ids written as ``7,6,5,...`` or as an iota ``[dims]T(perm)``."""
+    iota = re.fullmatch(r"\s*\[([\d,]+)\](?:T\(([\d,]+)\))?\s*", text)
+    if iota:
+        dims = [int(d) for d in iota.group(1).split(",")]
+        ids = np.arange(math.prod(dims)).reshape(dims)
+        if iota.group(2):
+            ids = ids.transpose([int(p) for p in iota.group(2).split(",")])
+        return ids.ravel()
+    try:
+        return np.array([int(v) for v in text.split(",") if v.strip()])
+    except ValueError as err:
+        raise AoizoraError(f"Collective {name}: cannot read device ids {text!r}.") from err
