@@ -1,3 +1,4 @@
+# ruff: noqa: E501 (HLO lines are long)
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -97,7 +98,7 @@ def test_mesh_groups_honour_device_ids_and_axis_choice(device_ids, ids):
 
 def test_an_unknown_group_syntax_is_an_error_not_a_guess():
     text = HLO.replace("replica_groups=[4,2]<=[2,4]T(1,0)", "replica_groups=<weird>")
-    with pytest.raises(az.AoizoraError, match="all-to-all.1.*<weird>"):
+    with pytest.raises(az.AoizoraError, match=r"all-to-all\.1.*<weird>"):
         parse_hlo(text)
 
 
