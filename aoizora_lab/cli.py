@@ -1,5 +1,8 @@
 """``aoizora-lab`` command line: the workbench's entry points for people and scripts.
 
+``aoizora-lab prune wan2.1-t2v-14b 720p v5e:4x4`` lists the sharding candidates and which
+survive IR pruning, with a reason for each.
+
 ``aoizora-lab topology v5e:4x4`` prints the slice (shape, wraparound, where the devices came
 from, which device sits on which chip) and a table of predicted collective times under a
 compact placement (logical neighbours on physical neighbours) and a scattered one (a seeded
@@ -48,6 +51,32 @@ def _topology_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def _prune_command(args: argparse.Namespace) -> int:
+    import pandas as pd
+
+    from aoizora_lab.candidates import enumerate_candidates, explain_candidates
+    from aoizora_lab.prune import prune
+    from aoizora_lab.workload import Workload
+
+    workload = Workload.preset(args.model, args.resolution, frames=args.frames,
+                               cfg=not args.no_cfg)
+    topology = Topology.from_name(args.slice)
+    table = explain_candidates(workload, topology, allow_padding=args.allow_padding)
+    candidates = enumerate_candidates(workload, topology, allow_padding=args.allow_padding)
+    print(f"{workload.name} ({workload.tokens:,} tokens) on {topology.name}: "
+          f"{len(table)} combinations considered, {len(candidates)} valid")
+    with pd.option_context("display.width", 250, "display.max_columns", 20,
+                           "display.max_colwidth", 100, "display.max_rows", 500):
+        if args.show_invalid:
+            print(table[~table["valid"]][["name", "reason"]].to_string(index=False))
+        pruned = prune(candidates, workload, topology)
+        columns = ["candidate", "estimate_s", "lower_bound_s", "comm_gb_per_device",
+                   "memory_lower_bound_gib", "keep", "reason"]
+        print(pruned[columns].to_string(index=False, float_format=lambda v: f"{v:.3g}"))
+    print(f"kept {int(pruned['keep'].sum())} of {len(pruned)} for compilation")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``aoizora-lab``."""
     parser = argparse.ArgumentParser(
@@ -66,6 +95,18 @@ def build_parser() -> argparse.ArgumentParser:
     topo.add_argument("--uncalibrated", action="store_true",
                       help="ignore data/calibration/<generation>.json")
     topo.set_defaults(run=_topology_command)
+    pr = commands.add_parser(
+        "prune", help="enumerate sharding candidates and prune them from the traced IR")
+    pr.add_argument("model", help="Wan preset, e.g. wan2.1-t2v-14b")
+    pr.add_argument("resolution", help="480p or 720p")
+    pr.add_argument("slice", help="slice name, e.g. v5e:4x4")
+    pr.add_argument("--frames", type=int, default=81)
+    pr.add_argument("--no-cfg", action="store_true", help="one pass per step (no guidance)")
+    pr.add_argument("--allow-padding", action="store_true",
+                    help="admit sequence degrees that need padded tokens")
+    pr.add_argument("--show-invalid", action="store_true",
+                    help="also list the excluded combinations and why")
+    pr.set_defaults(run=_prune_command)
     return parser
 
 
