@@ -26,14 +26,19 @@ bytes=4718592, count=30)``.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from aoizora_lab.comm_model import Collective
 from aoizora_lab.errors import AoizoraError
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 _KINDS = {
     "all-gather": "all-gather", "all-gather-start": "all-gather",
@@ -52,6 +57,16 @@ _ARRAY = re.compile(r"\b([a-z][a-z0-9]*)\[([\d,]*)\]")
 
 
 @dataclass(frozen=True)
+class CollectiveSite:
+    """Where a collective sits in the HLO: its enclosing loops and the compiler's algorithm."""
+
+    loops: tuple[int, ...]
+    """Trip counts of the ``while`` loops around it, outermost first (empty: runs once)."""
+    strategy: str
+    """The compiler's ``collective_algorithm_config`` strategy (or emitter) label, if any."""
+
+
+@dataclass(frozen=True)
 class CommProgram:
     """The collectives of one compiled program and how often each runs per step."""
 
@@ -61,6 +76,41 @@ class CommProgram:
     """Logical devices (partitions) of the program."""
     notes: tuple[str, ...] = ()
     """What the parser could not be sure of (e.g. a loop without a known trip count)."""
+    sites: tuple[CollectiveSite, ...] = ()
+    """One per collective, in the same order."""
+
+    def to_frame(self) -> pd.DataFrame:
+        """One row per HLO collective: kind, bytes, count, group_size, num_groups, name,
+        loop_depth, strategy."""
+        import pandas as pd
+
+        sites = self.sites or (CollectiveSite((), ""),) * len(self.collectives)
+        return pd.DataFrame([
+            {"kind": c.kind, "bytes": c.bytes, "count": c.count,
+             "group_size": len(c.groups[0]), "num_groups": len(c.groups), "name": c.name,
+             "loop_depth": len(site.loops), "strategy": site.strategy}
+            for c, site in zip(self.collectives, sites, strict=True)],
+            columns=["kind", "bytes", "count", "group_size", "num_groups", "name", "loop_depth",
+                     "strategy"])
+
+    def fold_loop(self, compiled_trips: int, full_trips: int) -> CommProgram:
+        """Scale collectives of the outermost loop of ``compiled_trips`` to ``full_trips``.
+
+        For a model compiled with fewer layers than it has (the layer ``scan``): collectives
+        in that loop run ``full_trips / compiled_trips`` times as often; the rest do not change.
+        """
+        if not any(site.loops[:1] == (compiled_trips,) for site in self.sites):
+            raise AoizoraError(
+                f"No loop of {compiled_trips} trips holds a collective; this program cannot be "
+                "folded (compile the full depth, or at least 2 layers so the loop survives)."
+            )
+        collectives = tuple(
+            dataclasses.replace(c, count=c.count * full_trips // compiled_trips)
+            if site.loops[:1] == (compiled_trips,) else c
+            for c, site in zip(self.collectives, self.sites, strict=True))
+        sites = tuple(CollectiveSite((full_trips, *s.loops[1:]), s.strategy)
+                      if s.loops[:1] == (compiled_trips,) else s for s in self.sites)
+        return dataclasses.replace(self, collectives=collectives, sites=sites)
 
     @property
     def total_bytes(self) -> float:
@@ -96,8 +146,8 @@ def parse_hlo(text: str, num_devices: int | None = None) -> CommProgram:
         match = re.search(r"num_partitions=(\d+)", text)
         num_devices = int(match.group(1)) if match else None
     notes: list[str] = []
-    runs = _runs(computations, entry, notes)
-    collectives = []
+    runs, loops = _runs(computations, entry, notes)
+    collectives, sites = [], []
     for comp_name, instructions in computations.items():
         for ins in instructions:
             if ins.op not in _KINDS or runs.get(comp_name, 0) == 0:
@@ -107,8 +157,12 @@ def parse_hlo(text: str, num_devices: int | None = None) -> CommProgram:
                       else _groups(ins.rest, num_devices, ins.name))
             collectives.append(Collective(kind, groups, _result_bytes(ins), count=runs[comp_name],
                                           name=ins.name))
+            strategy = re.search(r'"collective_algorithm_config":\{[^}]*?"strategy":"([^"]+)"',
+                                 ins.rest) or re.search(
+                r'"collective_algorithm_config":\{[^}]*?"emitter":"([^"]+)"', ins.rest)
+            sites.append(CollectiveSite(loops[comp_name], strategy.group(1) if strategy else ""))
     devices = num_devices or 1 + max((c.max_device_id for c in collectives), default=0)
-    return CommProgram(tuple(collectives), devices, tuple(dict.fromkeys(notes)))
+    return CommProgram(tuple(collectives), devices, tuple(dict.fromkeys(notes)), tuple(sites))
 
 
 # ----------------------------------------------------------------------------- structure
@@ -165,21 +219,26 @@ def _callees(ins: _Instruction) -> list[tuple[str, str]]:
 
 
 def _runs(computations: dict[str, list[_Instruction]], entry: str,
-          notes: list[str]) -> dict[str, int]:
+          notes: list[str]) -> tuple[dict[str, int], dict[str, tuple[int, ...]]]:
+    """Runs per step of every computation, and the trip counts of the loops around it."""
     runs: dict[str, int] = {}
+    loops: dict[str, tuple[int, ...]] = {}
 
-    def visit(name: str, times: int) -> None:
+    def visit(name: str, times: int, around: tuple[int, ...]) -> None:
         runs[name] = runs.get(name, 0) + times
+        loops.setdefault(name, around)
         for ins in computations.get(name, []):
             callees = _callees(ins)
             trips = 1
             if ins.op == "while":
                 trips = _trip_count(ins, dict(callees).get("condition"), computations, notes)
             for role, callee in callees:
-                visit(callee, times * (trips if role in ("body", "condition") else 1))
+                looped = role in ("body", "condition")
+                visit(callee, times * (trips if looped else 1),
+                      (*around, trips) if looped else around)
 
-    visit(entry, 1)
-    return runs
+    visit(entry, 1, ())
+    return runs, loops
 
 
 def _trip_count(ins: _Instruction, condition: str | None,

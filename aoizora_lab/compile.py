@@ -1,0 +1,234 @@
+"""Compile the surviving candidates with the real compiler, isolated, in parallel, cached.
+
+Each compile runs in its own child process (``python -m aoizora_lab.compile_worker``): some
+TPU compiles abort the whole process (SIGABRT), and a child that dies, hangs past
+``timeout_s`` or runs out of HBM becomes a *status* on its :class:`CompiledCandidate`
+(``ok``, ``oom``, ``crash``, ``timeout``, ``error``, with the compiler's message), never an
+exception that ends the sweep. The children are started from an ``Executor``: by default a
+thread pool with one slot per core (each slot waits on one child process); pass
+``dask.distributed.Client(...).get_executor()`` to fan a sweep out over a cluster, where each
+worker starts its own children.
+
+Results are cached on disk (default ``data/cache/compile``), one folder per compile keyed by
+everything that changes the result: jax, jaxlib and libtpu versions, the source of the model
+code, the model config, the workload, the candidate, the slice and the layer count. An entry is
+written to a temporary folder and renamed into place, so a reader never sees half of one; its
+HLO text carries a checksum that is checked on every read. ``ok`` and ``oom`` results are
+cached (the compiler is deterministic); crashes, timeouts and errors are retried next time.
+
+**Layer folding**: ``num_layers=2`` compiles two layers of the model (same width) and scales the
+collectives of the layer loop by ``model layers / 2``; everything outside the loop (embeddings,
+head) counts once. Under ``scan`` the per-layer program does not depend on the depth, which
+``tests/test_compile.py`` checks against a full-depth compile.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import dataclasses
+import hashlib
+import importlib.metadata
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from aoizora_lab.candidates import Candidate
+from aoizora_lab.errors import AoizoraError
+from aoizora_lab.hlo import CommProgram, parse_hlo
+from aoizora_lab.topology import Topology
+from aoizora_lab.workload import Workload
+
+STATUSES = ("ok", "oom", "crash", "timeout", "error")
+CACHED_STATUSES = ("ok", "oom")
+DEFAULT_CACHE_DIR = Path(__file__).resolve().parent.parent / "data" / "cache" / "compile"
+_PROGRAM_SOURCES = ("models/wan.py", "models/attention.py", "models/parallel.py",
+                    "workload.py", "candidates.py")
+
+
+@dataclass(frozen=True)
+class CompiledCandidate:
+    """The outcome of compiling one candidate: status, time, memory, the HLO and its collectives."""
+
+    candidate: Candidate
+    status: str
+    """One of :data:`STATUSES`."""
+    message: str
+    """The compiler's message (or the crash's signal and stderr) when not ``ok``."""
+    compile_seconds: float
+    """Wall time of the compile in the child (0 when it never ran)."""
+    memory: dict[str, float] = field(default_factory=dict)
+    """``argument``, ``output``, ``temp`` and ``peak`` bytes per device (``ok`` only)."""
+    program: CommProgram | None = None
+    """The collectives per step, folded to the model's depth (``ok`` only)."""
+    hlo_path: Path | None = None
+    """Where the compiled HLO text is stored."""
+    compiled_layers: int | None = None
+    """Layers actually compiled (fewer than the model's when folded)."""
+    cached: bool = False
+    """Whether the result came from the cache."""
+
+    @property
+    def hlo_text(self) -> str:
+        """The compiled HLO, read from disk on first use."""
+        if self.hlo_path is None:
+            raise AoizoraError(f"{self.candidate.name} has no HLO ({self.status}).")
+        return self.hlo_path.read_text()
+
+
+def compile_candidates(candidates: Sequence[Candidate], workload: Workload, topology: Topology,
+                       *, executor: cf.Executor | None = None,
+                       cache_dir: str | Path | None = None, timeout_s: float = 900.0,
+                       num_layers: int | None = None) -> list[CompiledCandidate]:
+    """Compile ``candidates`` for ``topology``'s devices; one result per candidate, in order."""
+    if topology.source not in ("libtpu deviceless", "host devices", "live"):
+        raise AoizoraError(
+            f"{topology.name} is {topology.source}: nothing compiles for it. Use a slice that "
+            "libtpu describes (Topology.from_name) or CPU host devices "
+            "(Topology.simulated(shape, devices=jax.devices()))."
+        )
+    model = workload.config()
+    if num_layers is not None and not 1 <= num_layers <= model.num_layers:
+        raise AoizoraError(
+            f"num_layers={num_layers} must be between 1 and the model's {model.num_layers}."
+        )
+    cache = Path(cache_dir) if cache_dir is not None else DEFAULT_CACHE_DIR
+    jobs = [_job(c, workload, topology, num_layers) for c in candidates]
+    own = executor is None
+    pool = executor or cf.ThreadPoolExecutor(max_workers=os.cpu_count() or 1)
+    try:
+        futures = [pool.submit(run_job, job, str(cache), timeout_s) for job in jobs]
+        raw = [f.result() for f in futures]
+    finally:
+        if own:
+            pool.shutdown()
+    return [_result(c, r, model.num_layers, num_layers) for c, r in
+            zip(candidates, raw, strict=True)]
+
+
+def _job(candidate: Candidate, workload: Workload, topology: Topology,
+         num_layers: int | None) -> dict[str, Any]:
+    """Everything a child needs, as JSON-able data (and the cache key's ingredients)."""
+    model = workload.config()
+    return {
+        "candidate": candidate.name,
+        "attention": candidate.attention,
+        "model": dataclasses.asdict(model),
+        "workload": {k: v for k, v in dataclasses.asdict(workload).items() if k != "model"},
+        "topology": {"name": topology.name, "shape": list(topology.shape),
+                     "wrap": list(topology.wrap), "generation": topology.generation,
+                     "source": topology.source, "num_devices": topology.num_devices},
+        "num_layers": num_layers or model.num_layers,
+        "versions": _versions(),
+    }
+
+
+def _versions() -> dict[str, str]:
+    versions = {}
+    for package in ("jax", "jaxlib", "libtpu"):
+        try:
+            versions[package] = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            versions[package] = "absent"
+    root = Path(__file__).resolve().parent
+    digest = hashlib.sha256()
+    for source in _PROGRAM_SOURCES:
+        digest.update((root / source).read_bytes())
+    versions["program_source"] = digest.hexdigest()[:16]
+    return versions
+
+
+def cache_key(job: dict[str, Any]) -> str:
+    """The cache folder name of a compile job: a hash of everything that changes its result."""
+    return hashlib.sha256(json.dumps(job, sort_keys=True).encode()).hexdigest()[:32]
+
+
+def run_job(job: dict[str, Any], cache_dir: str, timeout_s: float) -> dict[str, Any]:
+    """Compile one job in a child process, through the cache. Runs on any executor's worker."""
+    entry = Path(cache_dir) / cache_key(job)
+    cached = read_entry(entry)
+    if cached is not None:
+        return cached | {"cached": True}
+    env = dict(os.environ)
+    if job["topology"]["source"] == "host devices":
+        env["JAX_PLATFORMS"] = "cpu"
+        env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count="
+                            f"{job['topology']['num_devices']}").strip()
+    with tempfile.TemporaryDirectory(prefix="aoizora-compile-") as work:
+        try:
+            done = subprocess.run(
+                [sys.executable, "-m", "aoizora_lab.compile_worker", work],
+                input=json.dumps(job), capture_output=True, text=True, timeout=timeout_s, env=env)
+        except subprocess.TimeoutExpired:
+            return {"status": "timeout", "message": f"no result after {timeout_s:g} s",
+                    "compile_seconds": timeout_s}
+        result_file = Path(work) / "result.json"
+        if done.returncode < 0:
+            name = signal.Signals(-done.returncode).name
+            return {"status": "crash", "compile_seconds": 0.0,
+                    "message": f"compiler process killed by {name}: {done.stderr[-2000:]}"}
+        if not result_file.exists():
+            return {"status": "error", "compile_seconds": 0.0,
+                    "message": f"worker exited {done.returncode}: {done.stderr[-2000:]}"}
+        result = json.loads(result_file.read_text())
+        if result["status"] in CACHED_STATUSES:
+            write_entry(entry, result, Path(work) / "hlo.txt")
+            return (read_entry(entry) or result) | {"cached": False}
+        return result
+
+
+def write_entry(entry: Path, result: dict[str, Any], hlo: Path) -> None:
+    """Write a cache entry atomically: build it beside the target, then rename it into place."""
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{entry.name}-", dir=entry.parent))
+    meta = dict(result)
+    if hlo.exists():
+        shutil.copyfile(hlo, staging / "hlo.txt")
+        meta["hlo_sha256"] = hashlib.sha256((staging / "hlo.txt").read_bytes()).hexdigest()
+    (staging / "meta.json").write_text(json.dumps(meta))
+    try:
+        os.replace(staging, entry)
+    except OSError:  # another process wrote the same entry first: keep theirs
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def read_entry(entry: Path) -> dict[str, Any] | None:
+    """A cache entry's result, or ``None`` when absent or damaged (then it is removed)."""
+    meta_file = entry / "meta.json"
+    if not meta_file.exists():
+        return None
+    try:
+        meta = json.loads(meta_file.read_text())
+        if meta.get("status") not in CACHED_STATUSES:
+            raise ValueError(f"status {meta.get('status')!r}")
+        if "hlo_sha256" in meta:
+            text = (entry / "hlo.txt").read_bytes()
+            if hashlib.sha256(text).hexdigest() != meta["hlo_sha256"]:
+                raise ValueError("HLO checksum mismatch")
+            meta["hlo_path"] = str(entry / "hlo.txt")
+        return meta
+    except (OSError, ValueError, KeyError):
+        shutil.rmtree(entry, ignore_errors=True)
+        return None
+
+
+def _result(candidate: Candidate, raw: dict[str, Any], model_layers: int,
+            num_layers: int | None) -> CompiledCandidate:
+    program = None
+    hlo_path = Path(raw["hlo_path"]) if raw.get("hlo_path") else None
+    if raw["status"] == "ok" and hlo_path is not None:
+        program = parse_hlo(hlo_path.read_text(), num_devices=candidate.num_devices)
+        if num_layers is not None and num_layers < model_layers:
+            program = program.fold_loop(num_layers, model_layers)
+    return CompiledCandidate(
+        candidate=candidate, status=raw["status"], message=raw.get("message", ""),
+        compile_seconds=float(raw.get("compile_seconds", 0.0)),
+        memory=raw.get("memory", {}), program=program, hlo_path=hlo_path,
+        compiled_layers=num_layers or model_layers, cached=bool(raw.get("cached", False)))

@@ -1,0 +1,63 @@
+"""Child process of :mod:`aoizora_lab.compile`: compile one candidate, write the result.
+
+Run as ``python -m aoizora_lab.compile_worker WORK_DIR`` with the job as JSON on stdin. Writes
+``WORK_DIR/hlo.txt`` and ``WORK_DIR/result.json``; if the compiler aborts the process, nothing
+is written and the parent reads the signal from the exit status.
+
+``AOIZORA_LAB_ABORT_CANDIDATE=<name>`` makes the worker abort (SIGABRT) on that candidate, the
+way some TPU compiles do: the hook the crash-isolation tests use.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+
+def main(work: Path) -> None:
+    job = json.loads(sys.stdin.read())
+    import jax
+
+    import aoizora_lab as az
+    from aoizora_lab.candidates import Candidate
+
+    spec = job["topology"]
+    if spec["source"] == "libtpu deviceless":
+        topology = az.Topology.from_name(spec["name"], deviceless=True)
+    elif spec["source"] == "host devices":
+        topology = az.Topology.simulated(spec["shape"], generation=spec["generation"],
+                                         wrap=spec["wrap"],
+                                         devices=jax.devices()[:spec["num_devices"]])
+    else:
+        topology = az.Topology.from_devices(jax.devices())
+    model = az.WanConfig(**job["model"])
+    workload = az.Workload(model=model, **job["workload"])
+    candidate = Candidate.from_name(job["candidate"], attention=job["attention"])
+    devices = [topology.devices[i] for i in topology.device_grid().ravel()]
+    start = time.perf_counter()
+    result: dict = {"status": "ok", "message": ""}
+    try:
+        lowered = az.lower_step(workload, candidate.plan(devices), num_layers=job["num_layers"])
+        if os.environ.get("AOIZORA_LAB_ABORT_CANDIDATE") == candidate.name:
+            os.abort()
+        compiled = lowered.compile()
+        memory = compiled.memory_analysis()
+        result["memory"] = {
+            "argument": float(memory.argument_size_in_bytes),
+            "output": float(memory.output_size_in_bytes),
+            "temp": float(memory.temp_size_in_bytes),
+            "peak": float(getattr(memory, "peak_memory_in_bytes", 0) or 0)}
+        (work / "hlo.txt").write_text(compiled.as_text())
+    except Exception as err:  # the compiler's verdict on this candidate, not the sweep's end
+        text = f"{type(err).__name__}: {err}"
+        result = {"status": "oom" if "RESOURCE_EXHAUSTED" in text else "error",
+                  "message": text[-4000:]}
+    result["compile_seconds"] = time.perf_counter() - start
+    (work / "result.json").write_text(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]))

@@ -1,0 +1,102 @@
+import jax
+import pytest
+
+import aoizora_lab as az
+from aoizora_lab.candidates import Candidate
+from aoizora_lab.compile import compile_candidates, read_entry
+
+TINY = az.WanConfig(dim=64, ffn_dim=128, num_heads=8, num_layers=4, text_dim=32, text_len=8,
+                    freq_dim=32)
+WORKLOAD = az.Workload(model=TINY, height=32, width=48, frames=5, text_len=8)
+NAMES = ["cfg2-uly4", "cfg2-ring4-fsdp", "uly2-ring2-tp2"]
+
+
+@pytest.fixture()
+def host():
+    return az.Topology.simulated((2, 4), devices=jax.devices()[:8])
+
+
+def _candidates():
+    return [Candidate.from_name(n, attention="blockwise") for n in NAMES]
+
+
+def test_a_crash_is_recorded_the_rest_finish_and_a_rerun_hits_the_cache(host, tmp_path,
+                                                                        monkeypatch):
+    monkeypatch.setenv("AOIZORA_LAB_ABORT_CANDIDATE", "cfg2-ring4-fsdp")
+    first = compile_candidates(_candidates(), WORKLOAD, host, cache_dir=tmp_path)
+    status = {r.candidate.name: r for r in first}
+    assert status["cfg2-ring4-fsdp"].status == "crash"
+    assert "SIGABRT" in status["cfg2-ring4-fsdp"].message
+    for name in ("cfg2-uly4", "uly2-ring2-tp2"):
+        done = status[name]
+        assert done.status == "ok" and not done.cached
+        assert done.memory["peak"] > 0 and done.compile_seconds > 0
+        assert done.program.total_bytes > 0 and "HloModule" in done.hlo_text
+    monkeypatch.delenv("AOIZORA_LAB_ABORT_CANDIDATE")
+    second = compile_candidates(_candidates(), WORKLOAD, host, cache_dir=tmp_path)
+    cached = {r.candidate.name: r.cached for r in second}
+    assert cached == {"cfg2-uly4": True, "cfg2-ring4-fsdp": False, "uly2-ring2-tp2": True}
+    third = compile_candidates(_candidates(), WORKLOAD, host, cache_dir=tmp_path)
+    assert all(r.cached and r.status == "ok" for r in third)
+    for a, b in zip(first, third, strict=True):
+        if a.status == "ok":
+            assert a.program == b.program
+
+
+def test_a_corrupted_cache_entry_is_recompiled(host, tmp_path):
+    [first] = compile_candidates(_candidates()[:1], WORKLOAD, host, cache_dir=tmp_path)
+    first.hlo_path.write_text(first.hlo_text[: len(first.hlo_text) // 2])  # truncated
+    assert read_entry(first.hlo_path.parent) is None  # detected and removed
+    [again] = compile_candidates(_candidates()[:1], WORKLOAD, host, cache_dir=tmp_path)
+    assert again.status == "ok" and not again.cached and again.program == first.program
+
+
+def test_a_hang_past_the_timeout_is_recorded(host, tmp_path):
+    [result] = compile_candidates(_candidates()[:1], WORKLOAD, host, cache_dir=tmp_path,
+                                  timeout_s=0.5)
+    assert result.status == "timeout" and "0.5 s" in result.message
+
+
+def test_folded_layers_give_the_full_depth_program(host, tmp_path):
+    for candidate in _candidates():
+        [full] = compile_candidates([candidate], WORKLOAD, host, cache_dir=tmp_path)
+        [folded] = compile_candidates([candidate], WORKLOAD, host, cache_dir=tmp_path,
+                                      num_layers=2)
+        assert folded.compiled_layers == 2 and full.compiled_layers == 4
+        key = ["kind", "bytes", "count", "group_size", "num_groups", "loop_depth"]
+        full_rows = sorted(map(tuple, full.program.to_frame()[key].to_numpy()))
+        folded_rows = sorted(map(tuple, folded.program.to_frame()[key].to_numpy()))
+        assert folded_rows == full_rows, candidate.name
+        assert folded.program.total_bytes == full.program.total_bytes
+
+
+def test_simulated_slices_and_bad_depths_are_refused(tmp_path):
+    with pytest.raises(az.AoizoraError, match="nothing compiles"):
+        compile_candidates(_candidates(), WORKLOAD, az.Topology.simulated((2, 4)),
+                           cache_dir=tmp_path)
+    host = az.Topology.simulated((2, 4), devices=jax.devices()[:8])
+    with pytest.raises(az.AoizoraError, match="num_layers=9"):
+        compile_candidates(_candidates(), WORKLOAD, host, cache_dir=tmp_path, num_layers=9)
+
+
+@pytest.mark.slow
+def test_an_out_of_hbm_candidate_is_recorded_as_oom(tmp_path):
+    # 14B with weights replicated (no fsdp, no tp) needs 28.6 GB per 16 GB v5e chip.
+    topology = az.Topology.from_name("v5e:2x2", deviceless=True)
+    workload = az.Workload.preset("wan2.1-t2v-14b", "480p")
+    [result] = compile_candidates([Candidate.from_name("cfg2-uly2")], workload, topology,
+                                  cache_dir=tmp_path)
+    assert result.status == "oom", result.message[:500]
+    assert "RESOURCE_EXHAUSTED" in result.message
+
+
+def test_a_dask_cluster_executor_runs_the_sweep(host, tmp_path):
+    import distributed
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                                  dashboard_address=None) as cluster, \
+            distributed.Client(cluster) as client:
+        results = compile_candidates(_candidates(), WORKLOAD, host, cache_dir=tmp_path,
+                                     executor=client.get_executor())
+    assert [r.status for r in results] == ["ok", "ok", "ok"]
+    again = compile_candidates(_candidates(), WORKLOAD, host, cache_dir=tmp_path)
+    assert all(r.cached for r in again)  # the workers wrote the shared cache
