@@ -36,6 +36,7 @@ import numpy as np
 
 from aoizora_lab.comm_model import Collective
 from aoizora_lab.errors import AoizoraError
+from aoizora_lab.hardware import ChipSpec
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -78,6 +79,21 @@ class CommProgram:
     """What the parser could not be sure of (e.g. a loop without a known trip count)."""
     sites: tuple[CollectiveSite, ...] = ()
     """One per collective, in the same order."""
+    ops: tuple[tuple[float, float, int], ...] = ()
+    """(FLOPs, HBM bytes, runs per step) of every top-level compute op (fusion, convolution,
+    dot, custom call) on one device."""
+
+    @property
+    def flops(self) -> float:
+        """FLOPs per device per step: dots and convolutions from shapes, attention kernels
+        (splash) from their operand shapes."""
+        return sum(f * runs for f, _, runs in self.ops)
+
+    def compute_seconds(self, chip: ChipSpec) -> float:
+        """Per-device compute time: each op at its roofline ``max(FLOPs / peak, bytes / HBM
+        bandwidth)``, one after the other."""
+        return sum(runs * max(f / chip.peak_bf16_flops, b / chip.hbm_bandwidth)
+                   for f, b, runs in self.ops)
 
     def to_frame(self) -> pd.DataFrame:
         """One row per HLO collective: kind, bytes, count, group_size, num_groups, name,
@@ -132,6 +148,10 @@ class _Instruction:
     op: str
     rest: str
 
+    def operands(self) -> list[str]:
+        """Names of the operands (the text up to the closing parenthesis of the call)."""
+        return re.findall(r"%([\w.\-]+)", self.rest[:_type_end("(" + self.rest) - 1])
+
 
 def parse_hlo(text: str, num_devices: int | None = None) -> CommProgram:
     """The :class:`CommProgram` of compiled HLO ``text`` (see the module docstring).
@@ -162,7 +182,8 @@ def parse_hlo(text: str, num_devices: int | None = None) -> CommProgram:
                 r'"collective_algorithm_config":\{[^}]*?"emitter":"([^"]+)"', ins.rest)
             sites.append(CollectiveSite(loops[comp_name], strategy.group(1) if strategy else ""))
     devices = num_devices or 1 + max((c.max_device_id for c in collectives), default=0)
-    return CommProgram(tuple(collectives), devices, tuple(dict.fromkeys(notes)), tuple(sites))
+    return CommProgram(tuple(collectives), devices, tuple(dict.fromkeys(notes)), tuple(sites),
+                       _compute_ops(computations, runs))
 
 
 # ----------------------------------------------------------------------------- structure
@@ -175,7 +196,9 @@ def _computations(text: str) -> tuple[dict[str, list[_Instruction]], str | None]
         header = _HEADER.match(line)
         if header and not _ASSIGN.match(line):
             current = header.group(2)
-            computations[current] = []
+            computations[current] = [
+                _Instruction(name, kind, "parameter", "")
+                for name, kind in re.findall(r"([\w.\-]+):\s*([a-z0-9]+\[[\d,]*\])", line)]
             if header.group(1):
                 entry = current
             continue
@@ -343,3 +366,85 @@ def _id_list(text: str, name: str) -> np.ndarray:
         return np.array([int(v) for v in text.split(",") if v.strip()])
     except ValueError as err:
         raise AoizoraError(f"Collective {name}: cannot read device ids {text!r}.") from err
+
+
+# ----------------------------------------------------------------------------- compute
+
+_COMPUTE_OPS = ("fusion", "convolution", "dot", "custom-call")
+_ATTENTION_KERNEL = re.compile(r"splash|flash|attention|mha", re.IGNORECASE)
+
+
+def _array_bytes(type_text: str) -> float:
+    return float(sum(_BYTES[d] * math.prod(int(n) for n in dims.split(",") if n)
+                     for d, dims in _ARRAY.findall(type_text) if d in _BYTES))
+
+
+def _dims(type_text: str) -> list[int]:
+    match = _ARRAY.search(type_text)
+    return [int(n) for n in match.group(2).split(",") if n] if match else []
+
+
+def _own_flops(ins: _Instruction, types: dict[str, str]) -> float:
+    """FLOPs of one dot, convolution or attention custom call (0 for anything else)."""
+    out = math.prod(_dims(ins.type))
+    operands = ins.operands()
+    if ins.op == "dot" and operands:
+        lhs = _dims(types.get(operands[0], ""))
+        contracting = re.search(r"lhs_contracting_dims=\{([\d,]*)\}", ins.rest)
+        k = math.prod(lhs[int(d)] for d in contracting.group(1).split(",") if d) \
+            if contracting and lhs else 1
+        return 2.0 * out * k
+    if ins.op == "convolution" and len(operands) >= 2:
+        kernel = _dims(types.get(operands[1], ""))
+        labels = re.search(r"dim_labels=[^_]*_([^-]*)->", ins.rest)
+        if kernel and labels and "o" in labels.group(1):
+            return 2.0 * out * math.prod(kernel) / kernel[labels.group(1).index("o")]
+        return 0.0
+    if ins.op == "custom-call" and _ATTENTION_KERNEL.search(ins.name + ins.rest[:200]):
+        start = ins.rest.find("operand_layout_constraints=")
+        block = ""
+        if start >= 0:
+            block = ins.rest[start + len("operand_layout_constraints="):]
+            block = block[:_type_end(block.replace("{", "(", 1))]
+        floats = [[int(n) for n in dims.split(",") if n] for d, dims in _ARRAY.findall(block)
+                  if d in ("bf16", "f16", "f32") and dims.count(",") >= 2]
+        if len(floats) >= 2:
+            q, k = floats[0], floats[1]
+            return 4.0 * math.prod(q[:-1]) * k[-2] * q[-1]
+    return 0.0
+
+
+def _compute_ops(computations: dict[str, list[_Instruction]],
+                 runs: dict[str, int]) -> tuple[tuple[float, float, int], ...]:
+    """(FLOPs, bytes, runs) of every compute op outside fused computations."""
+    fused = {callee for instructions in computations.values() for ins in instructions
+             if ins.op == "fusion" for role, callee in _callees(ins) if role == "calls"}
+    types = {name: {i.name: i.type for i in instructions}
+             for name, instructions in computations.items()}
+
+    def flops_of(name: str) -> float:
+        total = 0.0
+        for ins in computations.get(name, []):
+            total += _own_flops(ins, types[name])
+            if ins.op == "fusion":
+                total += sum(flops_of(c) for role, c in _callees(ins) if role == "calls")
+        return total
+
+    def holds_collective(name: str) -> bool:
+        return any(i.op in _KINDS for i in computations.get(name, []))
+
+    ops = []
+    for name, instructions in computations.items():
+        if name in fused or runs.get(name, 0) == 0:
+            continue
+        for ins in instructions:
+            if ins.op not in _COMPUTE_OPS:
+                continue
+            callees = [c for role, c in _callees(ins) if role == "calls"]
+            if any(holds_collective(c) for c in callees):
+                continue  # an async collective fusion: priced by the ICI model
+            flops = _own_flops(ins, types[name]) + sum(flops_of(c) for c in callees)
+            moved = _array_bytes(ins.type) + sum(_array_bytes(types[name].get(o, ""))
+                                                 for o in ins.operands())
+            ops.append((flops, moved, runs[name]))
+    return tuple(ops)

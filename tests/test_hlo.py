@@ -132,3 +132,69 @@ def test_a_real_compiled_program_on_host_devices():
     assert gathers, "FSDP-style weight gathers appear"
     assert sum(c.count * c.bytes for c in gathers) >= 3 * 64 * 64 * 4  # every layer's weight
     assert all(len(g) == 4 for c in gathers for g in c.groups)  # over axis "b"
+
+
+def _known_collectives(mesh):
+    """psum, all_gather, psum_scatter, all_to_all and ppermute, inside and outside a scan."""
+    from jax import lax
+
+    def per_device(x):
+        s = lax.psum(x, "b")  # all-reduce over b, outside the loop
+        g = lax.all_gather(x, "a", tiled=True)  # all-gather over a
+
+        def step(carry, _):
+            r = lax.psum_scatter(carry, "b", scatter_dimension=0, tiled=True)  # reduce-scatter
+            t = lax.all_to_all(carry, "b", 0, 1, tiled=True)
+            p = lax.ppermute(carry, "b", [(i, (i + 1) % 4) for i in range(4)])
+            return p + t.reshape(p.shape) * 0 + jnp.tile(r, (4, 1)), None
+
+        looped, _ = lax.scan(step, x, None, length=6)
+        return s + looped + g[: x.shape[0]]
+
+    return jax.shard_map(per_device, mesh=mesh, in_specs=P(("a", "b")),
+                         out_specs=P(("a", "b")), check_vma=False)
+
+
+@pytest.mark.parametrize("target", ["cpu", "tpu"])
+def test_known_collectives_of_a_real_compile(target):
+    if target == "tpu":
+        topology = az.Topology.from_name("v5e:2x4", deviceless=True)
+        devices = np.array(topology.devices)[topology.device_grid().ravel()]
+    else:
+        devices = np.array(jax.devices()[:8])
+    mesh = Mesh(devices.reshape(2, 4), ("a", "b"))
+    x = jax.ShapeDtypeStruct((8 * 16, 32), jnp.float32,
+                             sharding=NamedSharding(mesh, P(("a", "b"))))
+    program = parse_hlo(jax.jit(_known_collectives(mesh)).lower(x).compile().as_text())
+    frame = program.to_frame()
+    assert program.num_devices == 8
+    local = 16 * 32 * 4  # bytes of one device's [16, 32] float32 block
+    rows = {kind: frame[frame["kind"] == kind] for kind in az.COLLECTIVE_KINDS}
+    # Outside the loop: one all-reduce over b (groups of 4) and one all-gather over a (2).
+    outside = frame[frame["loop_depth"] == 0]
+    assert set(outside["kind"]) >= {"all-reduce", "all-gather"}
+    assert (rows["all-gather"]["group_size"] == 2).any()
+    assert (rows["all-gather"]["bytes"] == 2 * local).any()
+    # Inside the scan of 6: a permute along b with the whole block, six times.
+    permutes = rows["collective-permute"]
+    assert (permutes["count"] == 6).all() and (permutes["bytes"] == local).all()
+    pairs = {c.groups for c in program.collectives if c.kind == "collective-permute"}
+    ring = {tuple((4 * a + i, 4 * a + (i + 1) % 4) for a in range(2) for i in range(4))}
+    assert pairs == ring
+    # The all-to-all over b runs six times on the whole block.
+    assert (rows["all-to-all"]["count"] == 6).all()
+    assert (rows["all-to-all"]["group_size"] == 4).all()
+    # psum_scatter: a reduce-scatter or an all-reduce the compiler split, inside the loop.
+    inside = frame[(frame["loop_depth"] == 1) & frame["kind"].isin(["reduce-scatter",
+                                                                     "all-reduce"])]
+    assert (inside["count"] == 6).all() and len(inside) >= 1
+
+
+def test_compute_estimate_counts_matmul_flops():
+    a = jax.ShapeDtypeStruct((64, 128), jnp.float32)
+    b = jax.ShapeDtypeStruct((128, 256), jnp.float32)
+    text = jax.jit(lambda a, b: jnp.tanh(a @ b)).lower(a, b).compile().as_text()
+    program = parse_hlo(text, num_devices=1)
+    assert program.flops == 2 * 64 * 128 * 256
+    chip = az.chip_spec("v5e")
+    assert program.compute_seconds(chip) >= program.flops / chip.peak_bf16_flops
