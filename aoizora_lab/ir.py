@@ -436,8 +436,8 @@ class _Reader:
 
 
 def _reshape_spec(old_shape: Sequence[int], new_shape: Sequence[int], spec: Spec) -> Spec:
-    """Carry axes through a reshape: merged dims keep the major dim's axes; a split dim's axes
-    go to its major part when they divide it."""
+    """Carry axes through a reshape: merged dims keep the axes of their major (first non-unit)
+    dim; a split dim gives its axes to its major (first non-unit) part."""
     result: list[tuple[str, ...]] = [() for _ in new_shape]
     i = j = 0
     while i < len(old_shape) and j < len(new_shape):
@@ -449,14 +449,16 @@ def _reshape_spec(old_shape: Sequence[int], new_shape: Sequence[int], spec: Spec
             while i < len(old_shape) and size < new_shape[j]:
                 size *= old_shape[i]
                 i += 1
-            result[j] = spec[start]
+            major = next((k for k in range(start, i) if old_shape[k] > 1), start)
+            result[j] = spec[major]
             j += 1
         else:  # old dim i splits into several new dims
             start, size = j, 1
             while j < len(new_shape) and size < old_shape[i]:
                 size *= new_shape[j]
                 j += 1
-            result[start] = spec[i]
+            major = next((k for k in range(start, j) if new_shape[k] > 1), start)
+            result[major] = spec[i]
             i += 1
     return tuple(result)
 

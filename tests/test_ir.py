@@ -96,3 +96,15 @@ def test_strategies_differ_where_they_should(wan14):
     assert 2 * uly.param_bytes < tp.param_bytes < 2.3 * uly.param_bytes
     assert any(c.kind == "all-reduce" and c.source == "partial-sum" for c in tp.collectives)
     assert tp.comm_bytes > uly.comm_bytes
+
+
+@pytest.mark.parametrize(("old", "new", "spec", "expected"), [
+    ((4, 6), (24,), (("x",), ()), (("x",),)),  # merge keeps the major dim's axes
+    ((1, 8), (8,), ((), ("x",)), (("x",),)),  # a unit dim does not hide the real one
+    ((8,), (1, 2, 4), (("x",),), ((), ("x",), ())),  # split: the major non-unit part
+    ((2, 3, 4), (2, 12), ((), ("y",), ()), ((), ("y",))),
+])
+def test_reshape_carries_axes_to_the_major_dim(old, new, spec, expected):
+    from aoizora_lab.ir import _reshape_spec
+
+    assert _reshape_spec(old, new, spec) == expected
