@@ -198,3 +198,24 @@ def test_compute_estimate_counts_matmul_flops():
     assert program.flops == 2 * 64 * 128 * 256
     chip = az.chip_spec("v5e")
     assert program.compute_seconds(chip) >= program.flops / chip.peak_bf16_flops
+
+
+def test_nested_loops_multiply_their_trip_counts():
+    from jax import lax
+
+    mesh = Mesh(np.array(jax.devices()[:4]), ("x",))
+
+    def per_device(a):
+        def outer(c, _):
+            def inner(d, _):
+                return lax.psum(d, "x") * 0.5, None
+            return lax.scan(inner, c, None, length=4)[0], None
+        return lax.scan(outer, a, None, length=3)[0]
+
+    fn = jax.shard_map(per_device, mesh=mesh, in_specs=P("x"), out_specs=P("x"),
+                       check_vma=False)
+    x = jax.ShapeDtypeStruct((16, 8), jnp.float32, sharding=NamedSharding(mesh, P("x")))
+    program = parse_hlo(jax.jit(fn).lower(x).compile().as_text())
+    [psum] = [c for c in program.collectives if c.kind == "all-reduce"]
+    assert psum.count == 12 and psum.bytes == 4 * 8 * 4
+    assert program.to_frame()["loop_depth"].tolist() == [2]
