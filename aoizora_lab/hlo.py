@@ -441,10 +441,10 @@ def _compute_ops(computations: dict[str, list[_Instruction]],
             if ins.op not in _COMPUTE_OPS:
                 continue
             callees = [c for role, c in _callees(ins) if role == "calls"]
-            if any(holds_collective(c) for c in callees):
-                continue  # an async collective fusion: priced by the ICI model
             flops = _own_flops(ins, types[name]) + sum(flops_of(c) for c in callees)
-            moved = _array_bytes(ins.type) + sum(_array_bytes(types[name].get(o, ""))
-                                                 for o in ins.operands())
+            moved = 0.0
+            if not any(holds_collective(c) for c in callees):  # collective bytes: ICI model
+                moved = _array_bytes(ins.type) + sum(_array_bytes(types[name].get(o, ""))
+                                                     for o in ins.operands())
             ops.append((flops, moved, runs[name]))
     return tuple(ops)
