@@ -333,14 +333,22 @@ def _phases(collective: Collective, group_chips: list[np.ndarray], topology: Top
     return merged
 
 
-def _all_gather_phases(chips: np.ndarray, shard: float, topology: Topology,
-                       options: ModelOptions) -> list[Flows]:
-    """Phases of an all-gather of ``shard`` bytes per member over member chips ``chips``."""
+def group_layout(chips: np.ndarray, topology: Topology
+                 ) -> tuple[np.ndarray, np.ndarray, list[np.ndarray], bool]:
+    """A group's distinct chips, members per chip, positions per axis, and whether it is
+    *regular*: every combination of its per-axis positions, the same members on each chip."""
     unique, per_chip = np.unique(chips, return_counts=True)
     coords = topology.chip_coords[unique]
     positions = [np.unique(coords[:, a]) for a in range(topology.ndim)]
-    regular = (per_chip.min() == per_chip.max()
-               and len(unique) == math.prod(len(p) for p in positions))
+    regular = bool(per_chip.min() == per_chip.max()
+                   and len(unique) == math.prod(len(p) for p in positions))
+    return unique, per_chip, positions, regular
+
+
+def _all_gather_phases(chips: np.ndarray, shard: float, topology: Topology,
+                       options: ModelOptions) -> list[Flows]:
+    """Phases of an all-gather of ``shard`` bytes per member over member chips ``chips``."""
+    unique, per_chip, positions, regular = group_layout(chips, topology)
     if not regular:
         return [_ring_flows(chips, shard)]
     spanned = [a for a in range(topology.ndim) if len(positions[a]) > 1]

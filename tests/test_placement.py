@@ -1,0 +1,96 @@
+import itertools
+
+import jax
+import numpy as np
+import pytest
+
+import aoizora_lab as az
+from aoizora_lab.placement import (
+    Placement,
+    PlacementScorer,
+    canonical,
+    search_placements,
+    structured_placements,
+    symmetries,
+)
+
+
+def _program(mesh):
+    return [az.Collective("all-gather", az.mesh_axis_groups(mesh, [1]), 8e6, count=30),
+            az.Collective("all-to-all", az.mesh_axis_groups(mesh, [1]), 4e6, count=60),
+            az.Collective("all-reduce", az.mesh_axis_groups(mesh, [0]), 1e6, count=5),
+            az.Collective("all-gather", az.mesh_axis_groups(mesh, [1]), 2e6, count=10)]
+
+
+@pytest.mark.parametrize(("shape", "wrap"), [((4, 4), None), ((4, 4), (True, True)),
+                                             ((2, 2, 4), None)])
+def test_scorer_is_the_ici_model(shape, wrap):
+    topology = az.Topology.simulated(shape, generation="v5p" if len(shape) == 3 else "v5e",
+                                     wrap=wrap)
+    mesh = (2, topology.num_devices // 2)
+    program = _program(mesh)
+    scorer = PlacementScorer(program, topology)
+    assert len(scorer.structures) == 3  # the two all-gathers over the same groups merged
+    rng = np.random.default_rng(0)
+    orders = [rng.permutation(topology.num_devices) for _ in range(20)]
+    orders += [p.order for p in structured_placements(mesh, topology)[:10]]
+    expected = [az.estimate(program, topology, o).seconds for o in orders]
+    np.testing.assert_allclose(scorer.scores(orders), expected, rtol=1e-12)
+    np.testing.assert_allclose(scorer.scores(orders), expected, rtol=1e-12)  # from the cache
+
+
+def test_symmetric_placements_score_equal_and_are_deduplicated():
+    topology = az.Topology.simulated((4, 4))
+    maps = symmetries(topology)
+    assert len(maps) == 8  # the square's mirrors and rotations (no wraparound)
+    program = _program((2, 8))
+    scorer = PlacementScorer(program, topology)
+    base = np.random.default_rng(1).permutation(16)
+    images = [m[base] for m in maps]
+    assert np.allclose(scorer.scores(images), scorer.score(base))
+    assert len({canonical(i, maps) for i in images}) == 1
+    table = search_placements(program, (2, 8), topology, budget=200)
+    keys = [canonical(p.order, maps) for p in table["placement"]]
+    assert len(keys) == len(set(keys))  # one row per symmetry class
+
+
+def test_structured_placements_include_the_compact_one_and_are_permutations():
+    topology = az.Topology.simulated((4, 4))
+    placements = structured_placements((2, 8), topology, ["cfg", "uly"])
+    orders = {p.order for p in placements}
+    assert tuple(topology.device_grid().ravel()) in orders
+    assert all(sorted(o) == list(range(16)) for o in orders)
+    assert any("cfg on x:2 | uly on x:2·y:4" == p.description for p in placements)
+    with pytest.raises(az.AoizoraError, match=r"\(2, 4\) has 8 devices"):
+        structured_placements((2, 4), topology)
+
+
+@pytest.mark.parametrize(("shape", "mesh"), [((2, 3), (2, 3)),
+                                             pytest.param((2, 4), (2, 4),
+                                                          marks=pytest.mark.slow)])
+def test_search_reaches_the_exhaustive_optimum_on_small_slices(shape, mesh):
+    topology = az.Topology.simulated(shape)
+    program = _program(mesh)
+    scorer = PlacementScorer(program, topology)
+    everything = np.array(list(itertools.permutations(range(topology.num_devices))))
+    optimum = scorer.scores(everything).min()
+    table = search_placements(program, mesh, topology, budget=2_000)
+    assert table["comm_s"].iloc[0] == pytest.approx(optimum, rel=1e-12)
+
+
+def test_local_search_is_seeded_and_deterministic():
+    topology = az.Topology.simulated((4, 4))
+    program = _program((4, 4))
+    first = search_placements(program, (4, 4), topology, budget=500, seed=3)
+    again = search_placements(program, (4, 4), topology, budget=500, seed=3)
+    assert [p.order for p in first["placement"]] == [p.order for p in again["placement"]]
+
+
+def test_placement_value_type():
+    with pytest.raises(az.AoizoraError, match="not a permutation"):
+        Placement((0, 0, 1))
+    topology = az.Topology.simulated((2, 4), devices=jax.devices()[:8])
+    placement = Placement(tuple(reversed(range(8))))
+    mesh_devices = placement.device_order(topology, (2, 4))
+    assert mesh_devices.shape == (2, 4) and mesh_devices[0, 0] == topology.devices[7]
+    assert az.estimate(_program((2, 4)), topology, placement).seconds > 0  # __array__
