@@ -65,6 +65,9 @@ class CollectiveSite:
     """Trip counts of the ``while`` loops around it, outermost first (empty: runs once)."""
     strategy: str
     """The compiler's ``collective_algorithm_config`` strategy (or emitter) label, if any."""
+    asynchronous: bool = False
+    """Scheduled asynchronously (a ``*-start`` op or inside an async collective fusion), so it
+    may overlap independent compute."""
 
 
 @dataclass(frozen=True)
@@ -97,17 +100,18 @@ class CommProgram:
 
     def to_frame(self) -> pd.DataFrame:
         """One row per HLO collective: kind, bytes, count, group_size, num_groups, name,
-        loop_depth, strategy."""
+        loop_depth, strategy, asynchronous."""
         import pandas as pd
 
         sites = self.sites or (CollectiveSite((), ""),) * len(self.collectives)
         return pd.DataFrame([
             {"kind": c.kind, "bytes": c.bytes, "count": c.count,
              "group_size": len(c.groups[0]), "num_groups": len(c.groups), "name": c.name,
-             "loop_depth": len(site.loops), "strategy": site.strategy}
+             "loop_depth": len(site.loops), "strategy": site.strategy,
+             "asynchronous": site.asynchronous}
             for c, site in zip(self.collectives, sites, strict=True)],
             columns=["kind", "bytes", "count", "group_size", "num_groups", "name", "loop_depth",
-                     "strategy"])
+                     "strategy", "asynchronous"])
 
     def fold_loop(self, compiled_trips: int, full_trips: int) -> CommProgram:
         """Scale collectives of the outermost loop of ``compiled_trips`` to ``full_trips``.
@@ -124,7 +128,7 @@ class CommProgram:
             dataclasses.replace(c, count=c.count * full_trips // compiled_trips)
             if site.loops[:1] == (compiled_trips,) else c
             for c, site in zip(self.collectives, self.sites, strict=True))
-        sites = tuple(CollectiveSite((full_trips, *s.loops[1:]), s.strategy)
+        sites = tuple(dataclasses.replace(s, loops=(full_trips, *s.loops[1:]))
                       if s.loops[:1] == (compiled_trips,) else s for s in self.sites)
         return dataclasses.replace(self, collectives=collectives, sites=sites)
 
@@ -167,6 +171,8 @@ def parse_hlo(text: str, num_devices: int | None = None) -> CommProgram:
         num_devices = int(match.group(1)) if match else None
     notes: list[str] = []
     runs, loops = _runs(computations, entry, notes)
+    fused = {callee for instructions in computations.values() for ins in instructions
+             if ins.op == "fusion" for role, callee in _callees(ins) if role == "calls"}
     collectives, sites = [], []
     for comp_name, instructions in computations.items():
         for ins in instructions:
@@ -180,7 +186,8 @@ def parse_hlo(text: str, num_devices: int | None = None) -> CommProgram:
             strategy = re.search(r'"collective_algorithm_config":\{[^}]*?"strategy":"([^"]+)"',
                                  ins.rest) or re.search(
                 r'"collective_algorithm_config":\{[^}]*?"emitter":"([^"]+)"', ins.rest)
-            sites.append(CollectiveSite(loops[comp_name], strategy.group(1) if strategy else ""))
+            sites.append(CollectiveSite(loops[comp_name], strategy.group(1) if strategy else "",
+                                        ins.op.endswith("-start") or comp_name in fused))
     devices = num_devices or 1 + max((c.max_device_id for c in collectives), default=0)
     return CommProgram(tuple(collectives), devices, tuple(dict.fromkeys(notes)), tuple(sites),
                        _compute_ops(computations, runs))
