@@ -3,6 +3,9 @@
 ``aoizora-lab prune wan2.1-t2v-14b 720p v5e:4x4`` lists the sharding candidates and which
 survive IR pruning, with a reason for each.
 
+``aoizora-lab plan --model wan2.1-t2v-14b --size 1280x720 --topology v5e:4x4`` runs the whole
+search and prints the ranking, the best plan, its breakdown and the baseline table.
+
 ``aoizora-lab topology v5e:4x4`` prints the slice (shape, wraparound, where the devices came
 from, which device sits on which chip) and a table of predicted collective times under a
 compact placement (logical neighbours on physical neighbours) and a scattered one (a seeded
@@ -77,6 +80,41 @@ def _prune_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def _plan_command(args: argparse.Namespace) -> int:
+    import pandas as pd
+
+    from aoizora_lab.planner import plan
+    from aoizora_lab.workload import Workload
+
+    try:
+        width, height = (int(v) for v in args.size.lower().split("x"))
+    except ValueError:
+        raise AoizoraError(f"--size {args.size!r} must be WIDTHxHEIGHT, e.g. 1280x720.") from None
+    workload = Workload(model=args.model, height=height, width=width, frames=args.frames,
+                        cfg=not args.no_cfg)
+    topology = Topology.from_name(args.topology)
+    result = plan(workload, topology, num_layers=args.layers, budget=args.budget,
+                  quiet=args.quiet)
+    best = result.best
+    with pd.option_context("display.width", 250, "display.max_columns", 20,
+                           "display.max_colwidth", 70):
+        print(f"{workload.name} ({workload.tokens:,} tokens) on {topology.name}")
+        print("\nRanking (candidate x placement, predicted seconds per step):")
+        print(result.placements.drop(columns=["placement"]).head(args.top)
+              .to_string(float_format=lambda v: f"{v:.4g}"))
+        print(f"\nBest plan: {best.candidate.name}, {best.placement.description}: "
+              f"{best.predicted.total_s:.4g} s (compute {best.predicted.compute_s:.4g} s, "
+              f"communication {best.predicted.comm_s:.4g} s)")
+        print("\nWhere its communication time goes:")
+        print(best.breakdown.head(args.top).to_string(float_format=lambda v: f"{v:.4g}"))
+        print("\nBaselines (same compiler, same model):")
+        print(result.baselines.to_string(float_format=lambda v: f"{v:.4g}"))
+    if args.json:
+        best.to_json(args.json)
+        print(f"\nplan written to {args.json}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``aoizora-lab``."""
     parser = argparse.ArgumentParser(
@@ -107,6 +145,21 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--show-invalid", action="store_true",
                     help="also list the excluded combinations and why")
     pr.set_defaults(run=_prune_command)
+    pl = commands.add_parser(
+        "plan", help="search shardings and placements; print the ranking and baselines")
+    pl.add_argument("--model", required=True, help="Wan preset, e.g. wan2.1-t2v-14b")
+    pl.add_argument("--size", required=True, help="WIDTHxHEIGHT in pixels, e.g. 1280x720")
+    pl.add_argument("--frames", type=int, default=81)
+    pl.add_argument("--topology", required=True, help="slice name, e.g. v5e:4x4")
+    pl.add_argument("--no-cfg", action="store_true", help="one pass per step (no guidance)")
+    pl.add_argument("--layers", type=int, default=None,
+                    help="compile this many layers and scale the layer loop (faster)")
+    pl.add_argument("--budget", type=int, default=20_000,
+                    help="placement evaluations per candidate")
+    pl.add_argument("--top", type=int, default=10, help="rows of the ranking to print")
+    pl.add_argument("--json", help="write the best plan to this file")
+    pl.add_argument("--quiet", action="store_true", help="no progress bar")
+    pl.set_defaults(run=_plan_command)
     return parser
 
 

@@ -1,0 +1,91 @@
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import aoizora_lab as az
+from aoizora_lab.hlo import parse_hlo
+from aoizora_lab.models.parallel import ParallelPlan
+from aoizora_lab.models.wan import init_params
+from aoizora_lab.placement import Placement
+from aoizora_lab.planner import plan
+from aoizora_lab.realize import Plan
+
+TINY = az.WanConfig(dim=64, ffn_dim=128, num_heads=8, num_layers=2, text_dim=32, text_len=8,
+                    freq_dim=32)
+WORKLOAD = az.Workload(model=TINY, height=32, width=48, frames=5, text_len=8)
+
+
+@pytest.fixture(scope="module")
+def planned(tmp_path_factory):
+    topology = az.Topology.simulated((2, 4), devices=jax.devices()[:8])
+    return plan(WORKLOAD, topology, budget=400,
+                cache_dir=tmp_path_factory.mktemp("cache"))
+
+
+def test_the_plan_is_never_predicted_slower_than_a_baseline(planned):
+    table = planned.baselines
+    assert table.iloc[0]["baseline"] == "aoizora-lab"
+    scored = table[table["status"] == "ok"]
+    assert set(scored["baseline"]) >= {"aoizora-lab", "maxdiffusion", "jax-default",
+                                       "logical-only"}
+    assert (scored["total_s"] >= planned.best.predicted.total_s * (1 - 1e-12)).all()
+    assert planned.placements["total_s"].is_monotonic_increasing
+    assert planned.best.breakdown["seconds"].sum() == pytest.approx(
+        az.estimate(planned.best.program, planned.best.topology,
+                    planned.best.placement).seconds)
+
+
+def test_realised_plans_compute_the_unsharded_step(planned):
+    params = init_params(TINY, jax.random.key(0), std=0.2)
+    inputs = WORKLOAD.random_inputs(jax.random.key(1))
+    reference = jax.jit(lambda p, i: az.denoise_step(
+        p, TINY, plan=ParallelPlan(attention="dense"), **i))(params, inputs)
+    best = planned.best
+    others = [row["placement"] for _, row in planned.placements.iterrows()
+              if row["candidate"] == best.candidate.name][:3]
+    rng = np.random.default_rng(0)
+    others.append(Placement(tuple(int(i) for i in rng.permutation(8)), "random"))
+    for placement in [best.placement, *others]:
+        realised = Plan(best.workload, best.topology, best.candidate, placement, best.predicted)
+        out = realised.run(params, inputs)
+        scale = float(jnp.abs(reference).max())
+        assert float(jnp.abs(out - reference).max()) <= 2e-5 * scale, placement.description
+
+
+def test_plan_files_round_trip_and_reject_bad_edits(planned, tmp_path):
+    path = tmp_path / "plan.json"
+    planned.best.to_json(path)
+    loaded = Plan.from_json(path, planned.best.topology)
+    assert loaded.candidate.name == planned.best.candidate.name
+    assert loaded.placement.order == planned.best.placement.order
+    assert loaded.predicted == planned.best.predicted
+    payload = json.loads(path.read_text())
+    (tmp_path / "v2.json").write_text(json.dumps({**payload, "version": 2}))
+    with pytest.raises(az.AoizoraError, match="schema version 2"):
+        Plan.from_json(tmp_path / "v2.json", planned.best.topology)
+    (tmp_path / "slice.json").write_text(json.dumps({**payload, "slice": "v5e:4x4"}))
+    with pytest.raises(az.AoizoraError, match="'v5e:4x4', not 'v5e:2x4'"):
+        Plan.from_json(tmp_path / "slice.json", planned.best.topology)
+    edited = {**payload, "coords": [payload["coords"][0]] * len(payload["coords"])}
+    (tmp_path / "edited.json").write_text(json.dumps(edited))
+    with pytest.raises(az.AoizoraError, match="not a permutation"):
+        Plan.from_json(tmp_path / "edited.json", planned.best.topology)
+
+
+@pytest.mark.slow
+def test_compiling_the_realised_plan_gives_the_scored_collectives(tmp_path):
+    topology = az.Topology.from_name("v5e:4x4", deviceless=True)
+    workload = az.Workload(model=az.WanConfig(dim=256, ffn_dim=512, num_heads=16,
+                                              num_layers=2, text_dim=64, text_len=16,
+                                              freq_dim=32),
+                           height=64, width=64, frames=5, text_len=16)
+    result = plan(workload, topology, budget=300, cache_dir=tmp_path)
+    best = result.best
+    compiled = best.compile()
+    program = parse_hlo(compiled.as_text())
+    key = ["kind", "bytes", "count", "group_size", "num_groups"]
+    assert sorted(map(tuple, program.to_frame()[key].to_numpy())) == sorted(
+        map(tuple, best.program.to_frame()[key].to_numpy()))
