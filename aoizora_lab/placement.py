@@ -213,6 +213,7 @@ class PlacementScorer:
     def __init__(self, collectives: Iterable[Collective] | Any, topology: Topology, *,
                  chip: ChipSpec | None = None, options: ModelOptions | None = None):
         items = list(getattr(collectives, "collectives", collectives))
+        self.program = items
         self.topology = topology
         self.chip = chip or chip_spec(topology.generation)
         self.options = options or ModelOptions()
@@ -288,7 +289,7 @@ def search_placements(program: Any, mesh_shape: Sequence[int], topology: Topolog
     once per symmetry class, then spends what is left of ``budget`` evaluations on a local
     search from the ``top`` best. Returns a DataFrame sorted by ``comm_s``: ``placement``
     (a :class:`Placement`), ``comm_s``, ``source`` (structured / extra / local search),
-    ``description``.
+    ``description``, ``busiest_link``.
     """
     import pandas as pd
 
@@ -315,6 +316,9 @@ def search_placements(program: Any, mesh_shape: Sequence[int], topology: Topolog
         consider(Placement(tuple(found), f"local search from: {start['description']}"),
                  "local search")
     table = pd.DataFrame(list(rows.values())).sort_values("comm_s", kind="stable")
+    table["busiest_link"] = [
+        str(estimate(scorer.program, topology, p, chip=scorer.chip,
+                     options=scorer.options).busiest_link or "-") for p in table["placement"]]
     return table.reset_index(drop=True)
 
 

@@ -52,6 +52,7 @@ def test_symmetric_placements_score_equal_and_are_deduplicated():
     table = search_placements(program, (2, 8), topology, budget=200)
     keys = [canonical(p.order, maps) for p in table["placement"]]
     assert len(keys) == len(set(keys))  # one row per symmetry class
+    assert table["busiest_link"].str.contains("->").all()
 
 
 def test_structured_placements_include_the_compact_one_and_are_permutations():
