@@ -247,8 +247,11 @@ def enumerate_candidates(workload: Workload, topology: Topology, *,
     """The valid rows of :func:`explain_candidates` as :class:`Candidate` objects."""
     table = explain_candidates(workload, topology, allow_padding=allow_padding,
                                attention=attention, dtype=dtype)
-    attention = attention or default_attention(topology)
+    return candidates_from_table(table, attention or default_attention(topology))
+
+
+def candidates_from_table(table: pd.DataFrame, attention: str) -> list[Candidate]:
+    """The valid rows of an :func:`explain_candidates` table as candidates."""
     return [Candidate.from_degrees({r: int(row[r]) for r in ROLES}, fsdp=bool(row["fsdp"]),
                                    attention=attention)
             for _, row in table[table["valid"]].iterrows()]
-

@@ -26,7 +26,12 @@ import numpy as np
 import pandas as pd
 
 from aoizora_lab import baselines as known
-from aoizora_lab.candidates import Candidate, enumerate_candidates, explain_candidates
+from aoizora_lab.candidates import (
+    Candidate,
+    candidates_from_table,
+    default_attention,
+    explain_candidates,
+)
 from aoizora_lab.comm_model import estimate
 from aoizora_lab.compile import CompiledCandidate, compile_candidates
 from aoizora_lab.hardware import chip_spec
@@ -89,7 +94,7 @@ def plan(workload: Workload, topology: Topology, *, keep: int = 3, budget: int =
         progress.update(1)
 
     table = explain_candidates(workload, topology)
-    candidates = enumerate_candidates(workload, topology)
+    candidates = candidates_from_table(table, default_attention(topology))
     stage("candidates")
     pruning = prune(candidates, workload, topology, keep=keep)
     survivors = [c for c in candidates if c.name in set(pruning[pruning["keep"]]["candidate"])]
