@@ -223,12 +223,10 @@ class _Reader:
             outs = self.equation(eqn, specs, multiplier=multiplier, local=local)
             for var, spec in zip(eqn.outvars, outs, strict=True):
                 env[var] = spec
-                if not local:
-                    self.counts.largest_activation_bytes = max(
-                        self.counts.largest_activation_bytes, self.device_bytes(var.aval, spec))
-                else:
-                    self.counts.largest_activation_bytes = max(
-                        self.counts.largest_activation_bytes, self.device_bytes(var.aval, None))
+                # Inside a shard_map shapes are already per device: no spec divides them.
+                self.counts.largest_activation_bytes = max(
+                    self.counts.largest_activation_bytes,
+                    self.device_bytes(var.aval, None if local else spec))
         return [read(v) for v in jaxpr.outvars]
 
     def equation(self, eqn: Any, specs: list[Spec | None], *, multiplier: int,
