@@ -35,20 +35,26 @@ def _placement_of(devices: Sequence[object], topology: Topology, how: str) -> Pl
 
 def maxdiffusion(workload: Workload, topology: Topology) -> tuple[Candidate, Placement]:
     """CFG 2 x context, FSDP over context, ``create_device_mesh`` order."""
-    from jax.experimental import mesh_utils
-
     n = topology.num_devices
     cfg = 2 if workload.cfg and n % 2 == 0 else 1
     candidate = Candidate.from_degrees({"cfg": cfg, "context": n // cfg}, fsdp=True,
                                        attention=default_attention(topology))
+    return candidate, device_mesh_order(candidate.mesh_shape, topology)
+
+
+def device_mesh_order(mesh_shape: Sequence[int], topology: Topology) -> Placement:
+    """Where ``mesh_utils.create_device_mesh`` puts a mesh of ``mesh_shape``, retried with
+    ``allow_split_physical_axes=True`` when its default refuses the shape."""
+    from jax.experimental import mesh_utils
+
     try:
-        devices = mesh_utils.create_device_mesh(candidate.mesh_shape, list(topology.devices))
+        devices = mesh_utils.create_device_mesh(tuple(mesh_shape), list(topology.devices))
         how = "mesh_utils.create_device_mesh"
     except (ValueError, NotImplementedError, AssertionError):
-        devices = mesh_utils.create_device_mesh(candidate.mesh_shape, list(topology.devices),
+        devices = mesh_utils.create_device_mesh(tuple(mesh_shape), list(topology.devices),
                                                 allow_split_physical_axes=True)
         how = "mesh_utils.create_device_mesh(allow_split_physical_axes=True)"
-    return candidate, _placement_of(devices, topology, how)
+    return _placement_of(devices, topology, how)
 
 
 def xdit_usp(workload: Workload, topology: Topology) -> tuple[Candidate, Placement]:

@@ -51,7 +51,7 @@ import itertools
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
@@ -232,7 +232,42 @@ def mesh_axis_groups(mesh_shape: Sequence[int], axes: Sequence[int]) -> list[lis
     return grouped.tolist()
 
 
+_ROUTE_MATRICES: dict[tuple, Any] = {}
+
+
+def route_matrix(topology: Topology, options: ModelOptions | None = None) -> Any:
+    """Bytes on each directed link per byte sent, for every ordered pair of chips.
+
+    A ``scipy.sparse`` matrix ``[num_chips ** 2, num_links]``: row ``src * num_chips + dst``,
+    column the link slot of ``route_loads(...).ravel()``. The model's routing is linear in
+    bytes, so the link loads of any set of transfers are ``traffic @ route_matrix`` with
+    ``traffic`` the bytes per chip pair. Example: on a 4-chip line, row ``0 * 4 + 2`` has 1.0
+    on the + links of chips 0 and 1. Cached per slice shape, wraparound and routing.
+    """
+    from scipy import sparse
+
+    options = options or ModelOptions()
+    key = (tuple(topology.shape), tuple(topology.wrap), options.routing)
+    matrix = _ROUTE_MATRICES.get(key)
+    if matrix is None:
+        chips = topology.num_chips
+        src, dst = np.divmod(np.arange(chips * chips), chips)
+        pair, slot, amount = topology.route_entries(src, dst, 1.0,
+                                                    **_routing(topology, options))
+        matrix = sparse.csr_matrix((amount, (pair, slot)),
+                                   shape=(chips * chips, int(np.prod(_load_shape(topology)))))
+        _ROUTE_MATRICES[key] = matrix
+    return matrix
+
+
 # ----------------------------------------------------------------------------- internals
+
+
+def _routing(topology: Topology, options: ModelOptions) -> dict[str, Any]:
+    """``route_loads`` keywords for ``options.routing``."""
+    balanced = options.routing == "balanced"
+    return {"axis_orders": list(itertools.permutations(range(topology.ndim))) if balanced
+            else None, "split_ties": balanced}
 
 
 def _load_shape(topology: Topology) -> tuple[int, int, int]:
@@ -274,13 +309,10 @@ def _estimate_one(collective: Collective, topology: Topology, device_of: np.ndar
     chips_of = topology.device_chip[device_of]
     group_chips = [chips_of[list(g)] for g in collective.groups]
     phases = _phases(collective, group_chips, topology, options)
-    orders = (list(itertools.permutations(range(topology.ndim)))
-              if options.routing == "balanced" else None)
-    split_ties = options.routing == "balanced"
     link_bytes = np.zeros(_load_shape(topology))
     bandwidth_seconds = 0.0
     for src, dst, size in phases:
-        loads = topology.route_loads(src, dst, size, axis_orders=orders, split_ties=split_ties)
+        loads = topology.route_loads(src, dst, size, **_routing(topology, options))
         bandwidth_seconds += loads.max(initial=0.0) / (chip.ici_link_bandwidth
                                                         * chip.ici_efficiency)
         link_bytes += loads
@@ -313,24 +345,43 @@ def _phases(collective: Collective, group_chips: list[np.ndarray], topology: Top
     size = float(collective.bytes)
     per_group: list[list[Flows]] = []
     for chips in group_chips:
-        members = len(chips)
-        if collective.kind == "collective-permute":
-            per_group.append([(chips[:1], chips[1:], np.array([size]))])
-        elif collective.kind == "all-to-all":
-            src, dst = np.meshgrid(chips, chips, indexing="ij")
-            off_diagonal = ~np.eye(members, dtype=bool)
-            per_group.append([(src[off_diagonal], dst[off_diagonal],
-                               np.full(off_diagonal.sum(), size / members))])
+        if collective.kind in ("collective-permute", "all-to-all"):
+            per_group.append([direct_flows(collective.kind, chips, size)])
         else:
-            gathered = {"all-gather": size, "reduce-scatter": size * members,
-                        "all-reduce": size}[collective.kind]
-            phases = _all_gather_phases(chips, gathered / members, topology, options)
+            shard = gathered_shard(collective.kind, size, len(chips))
+            phases = all_gather_phases(chips, shard, topology, options)
             per_group.append(phases * 2 if collective.kind == "all-reduce" else phases)
     merged: list[Flows] = []
     for step in range(max(len(p) for p in per_group)):
         flows = [p[step] for p in per_group if step < len(p)]
         merged.append(tuple(np.concatenate([f[i] for f in flows]) for i in range(3)))
     return merged
+
+
+def direct_flows(kind: str, chips: np.ndarray, size: float) -> Flows:
+    """The one phase of a ``collective-permute`` or ``all-to-all`` with result ``size`` bytes.
+
+    ``chips`` holds member chips ``[..., members]`` (one group, or a batch of groups); flows come
+    out group by group. A permute pair sends ``size``; an all-to-all member sends ``size /
+    members`` to every other member. Example: all-to-all over chips ``[0, 1, 2]`` with 3 bytes:
+    six flows of one byte.
+    """
+    chips = np.asarray(chips)
+    if kind == "collective-permute":
+        src, dst = chips[..., 0].ravel(), chips[..., 1].ravel()
+        return src, dst, np.full(src.size, size)
+    members = chips.shape[-1]
+    shape = (*chips.shape, members)
+    off_diagonal = np.broadcast_to(~np.eye(members, dtype=bool), shape)
+    src = np.broadcast_to(chips[..., :, None], shape)[off_diagonal]
+    dst = np.broadcast_to(chips[..., None, :], shape)[off_diagonal]
+    return src, dst, np.full(src.size, size / members)
+
+
+def gathered_shard(kind: str, size: float, members: int) -> float:
+    """Bytes per member that the all-gather behind ``kind`` (result ``size`` bytes) gathers."""
+    gathered = {"all-gather": size, "reduce-scatter": size * members, "all-reduce": size}[kind]
+    return gathered / members
 
 
 def group_layout(chips: np.ndarray, topology: Topology
@@ -345,12 +396,12 @@ def group_layout(chips: np.ndarray, topology: Topology
     return unique, per_chip, positions, regular
 
 
-def _all_gather_phases(chips: np.ndarray, shard: float, topology: Topology,
-                       options: ModelOptions) -> list[Flows]:
+def all_gather_phases(chips: np.ndarray, shard: float, topology: Topology,
+                      options: ModelOptions) -> list[Flows]:
     """Phases of an all-gather of ``shard`` bytes per member over member chips ``chips``."""
     unique, per_chip, positions, regular = group_layout(chips, topology)
     if not regular:
-        return [_ring_flows(chips, shard)]
+        return [ring_flows(chips, shard)]
     spanned = [a for a in range(topology.ndim) if len(positions[a]) > 1]
     if not spanned:
         return []  # every member on one chip: nothing crosses a link
@@ -377,18 +428,22 @@ def _line_rings(chips: np.ndarray, axis: int, positions: np.ndarray, held: float
     for line in np.unique(others, axis=0):
         on_line = np.all(others == line, axis=1)
         ordered = chips[on_line][np.argsort(coords[on_line, axis])]
-        rings.append(_ring_flows(ordered, held))
+        rings.append(ring_flows(ordered, held))
     return rings
 
 
-def _ring_flows(ring: np.ndarray, held: float) -> Flows:
-    """A bidirectional ring all-gather: each member sends ``(n-1)/2`` of ``held`` each way."""
-    n = len(ring)
-    per_way = (n - 1) / 2 * held
-    successor = np.roll(ring, -1)
-    src = np.concatenate([ring, successor])
-    dst = np.concatenate([successor, ring])
-    return src, dst, np.full(2 * n, per_way)
+def ring_flows(rings: np.ndarray, held: float) -> Flows:
+    """A bidirectional ring all-gather: each member sends ``(n-1)/2`` of ``held`` each way.
+
+    ``rings`` is one ring of member chips in ring order, or ``[rings, n]`` for several at once
+    (flows come out ring by ring, ``2 n`` per ring).
+    """
+    rings = np.atleast_2d(rings)
+    n = rings.shape[-1]
+    successor = np.roll(rings, -1, axis=-1)
+    src = np.concatenate([rings, successor], axis=-1).ravel()
+    dst = np.concatenate([successor, rings], axis=-1).ravel()
+    return src, dst, np.full(src.size, (n - 1) / 2 * held)
 
 
 def standard_collectives(mesh_shape: Sequence[int], result_bytes: float) -> list[Collective]:

@@ -108,7 +108,8 @@ def plan(workload: Workload, topology: Topology, *, keep: int = 3, budget: int =
             continue
         extra = [Placement(tuple(range(topology.num_devices)), "plain device order")]
         if topology.devices is not None:
-            extra.append(known.jax_default(result.candidate, topology))
+            extra += [known.jax_default(result.candidate, topology),
+                      known.device_mesh_order(result.candidate.mesh_shape, topology)]
         found = search_placements(result.program, result.candidate.mesh_shape, topology,
                                   budget=budget, axis_names=result.candidate.axis_names,
                                   extra=extra)

@@ -441,13 +441,33 @@ class Topology:
         :meth:`route`). Returns ``float`` array ``[num_chips, ndim, 2]``. Conservation holds:
         ``loads.sum() == sum(weights[i] * hops(src[i], dst[i]))``.
         """
+        _, slots, amounts = self.route_entries(src_chips, dst_chips, weights,
+                                               axis_orders=axis_orders, split_ties=split_ties)
+        return np.bincount(slots, amounts, minlength=self.num_chips * self.ndim * 2).reshape(
+            self.num_chips, self.ndim, 2)
+
+    def route_entries(
+        self,
+        src_chips: np.ndarray,
+        dst_chips: np.ndarray,
+        weights: np.ndarray,
+        *,
+        axis_orders: Sequence[Sequence[int]] | None = None,
+        split_ties: bool = True,
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The routes of :meth:`route_loads` unsummed: ``(transfer, link slot, bytes)`` triples.
+
+        A link slot indexes ``route_loads(...).ravel()``: ``(chip * ndim + axis) * 2 +
+        direction``. Example: on a 4-chip line, chip 0 -> chip 2 with weight 1 gives
+        ``([0, 0], [0, 2], [1.0, 1.0])``: two + hops, from chip 0 and from chip 1.
+        """
         src = np.asarray(src_chips, dtype=np.int64).ravel()
         dst = np.asarray(dst_chips, dtype=np.int64).ravel()
         weights = np.broadcast_to(np.asarray(weights, dtype=np.float64), src.shape)
         orders = [tuple(o) for o in (axis_orders or [tuple(range(self.ndim))])]
-        loads = np.zeros((self.num_chips, self.ndim, 2))
-        flat = loads.reshape(-1)
+        transfers, slots, amounts = [], [], []
         target = self.chip_coords[dst]
+        index = np.arange(len(src))
         for order in orders:
             here = self.chip_coords[src].copy()
             share = weights / len(orders)
@@ -469,10 +489,14 @@ class Topology:
                         pos = here[sel].copy()
                         pos[:, axis] = (pos[:, axis] + step * k) % n
                         chip = np.ravel_multi_index(pos.T, self.shape)
-                        slot = (chip * self.ndim + axis) * 2 + direction
-                        np.add.at(flat, slot, share[sel] * frac[sel])
+                        transfers.append(index[sel])
+                        slots.append((chip * self.ndim + axis) * 2 + direction)
+                        amounts.append(share[sel] * frac[sel])
                 here[:, axis] = target[:, axis]
-        return loads
+        if not slots:
+            empty = np.zeros(0, dtype=np.int64)
+            return empty, empty, np.zeros(0)
+        return np.concatenate(transfers), np.concatenate(slots), np.concatenate(amounts)
 
     def _check_device(self, index: int) -> None:
         if not 0 <= int(index) < self.num_devices:

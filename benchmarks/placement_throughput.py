@@ -58,7 +58,7 @@ def main() -> None:
                      "hlo collectives": len(compiled.program.collectives),
                      "structures": len(scorer.structures), "structured": len(structured),
                      "evaluated": done, "seconds": elapsed, "placements/s": done / elapsed,
-                     "model evaluations (cache misses)": len(scorer._cache)})
+                     "group layouts modelled": scorer.group_layouts_modelled})
     print(pd.DataFrame(rows).to_string(index=False, float_format=lambda v: f"{v:.3g}"))
 
 

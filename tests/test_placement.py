@@ -39,6 +39,40 @@ def test_scorer_is_the_ici_model(shape, wrap):
     np.testing.assert_allclose(scorer.scores(orders), expected, rtol=1e-12)  # from the cache
 
 
+@pytest.mark.parametrize(("shape", "per_chip"), [((8, 16), 1), ((2, 4), 2)])
+def test_scorer_fallbacks_match_the_ici_model(shape, per_chip):
+    # 128 chips: sparse routes and row-wise chip sets; two devices per chip: chip sets with
+    # repeated chips, where regularity needs the members per chip.
+    topology = az.Topology.simulated(shape, devices_per_chip=per_chip)
+    mesh = (2, topology.num_devices // 2)
+    program = _program(mesh)
+    scorer = PlacementScorer(program, topology)
+    rng = np.random.default_rng(2)
+    orders = [rng.permutation(topology.num_devices) for _ in range(4)]
+    orders.append(structured_placements(mesh, topology)[0].order)
+    expected = [az.estimate(program, topology, o).seconds for o in orders]
+    np.testing.assert_allclose(scorer.scores(orders), expected, rtol=1e-12)
+
+
+def test_snake_and_folded_orders_keep_ring_neighbours_close():
+    # A logical ring of 8 without wraparound links: on 2x4 a snake closes the ring with one-hop
+    # steps only; on a line of 8 a folded order needs at most two hops per step. Plain orders
+    # always have a longer closing hop.
+    for shape, style, longest in (((2, 4), "snake", 1), ((8,), "folded", 2)):
+        topology = az.Topology.simulated(shape, wrap=(False,) * len(shape))
+        distances = topology.hop_distances()
+
+        def longest_step(placement, d=distances):
+            return max(d[placement.order[i], placement.order[(i + 1) % 8]] for i in range(8))
+
+        placements = structured_placements((8,), topology, ["ring"])
+        styled = [p for p in placements if p.description.endswith(style)]
+        plain = [p for p in placements if p.description.endswith(("x:2", "y:4", "x:8"))]
+        assert styled and plain
+        assert min(longest_step(p) for p in styled) == longest
+        assert min(longest_step(p) for p in plain) > longest
+
+
 def test_symmetric_placements_score_equal_and_are_deduplicated():
     topology = az.Topology.simulated((4, 4))
     maps = symmetries(topology)

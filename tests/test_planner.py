@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import aoizora_lab as az
+from aoizora_lab.baselines import BASELINES
 from aoizora_lab.hlo import parse_hlo
 from aoizora_lab.models.parallel import ParallelPlan
 from aoizora_lab.models.wan import init_params
@@ -29,8 +30,10 @@ def test_the_plan_is_never_predicted_slower_than_a_baseline(planned):
     table = planned.baselines
     assert table.iloc[0]["baseline"] == "aoizora-lab"
     scored = table[table["status"] == "ok"]
+    assert set(table["baseline"]) == {"aoizora-lab", *BASELINES}
     assert set(scored["baseline"]) >= {"aoizora-lab", "maxdiffusion", "jax-default",
                                        "logical-only"}
+    assert planned.placements["source"].eq("extra").any()  # make_mesh / create_device_mesh
     assert (scored["total_s"] >= planned.best.predicted.total_s * (1 - 1e-12)).all()
     assert planned.placements["total_s"].is_monotonic_increasing
     assert planned.best.breakdown["seconds"].sum() == pytest.approx(
