@@ -10,6 +10,10 @@ search and prints the ranking, the best plan, its breakdown and the baseline tab
 from, which device sits on which chip) and a table of predicted collective times under a
 compact placement (logical neighbours on physical neighbours) and a scattered one (a seeded
 random permutation), so a reader sees at once that placement matters.
+
+``aoizora-lab reports`` runs the notebooks headless for every report of ``data/reports.yaml``
+into ``reports/`` (HTML pages and ``index.html``); its exit status is the number of notebooks
+that failed (at most 125).
 """
 
 from __future__ import annotations
@@ -115,6 +119,22 @@ def _plan_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def _reports_command(args: argparse.Namespace) -> int:
+    import pandas as pd
+
+    from aoizora_lab.reports import load_matrix, run_reports, select_reports, write_index
+
+    specs = select_reports(load_matrix(args.matrix), args.only)
+    result = run_reports(specs, args.notebooks, args.out, kernel_name=args.kernel,
+                         progress=not args.quiet)
+    index = write_index(result, args.out)
+    with pd.option_context("display.width", 250, "display.max_colwidth", 90):
+        print(result.to_frame().to_string(index=False))
+    print(f"\n{len(result.runs) - result.failed} of {len(result.runs)} notebooks ok; "
+          f"index: {index}")
+    return min(result.failed, 125)  # exit statuses above 125 mean something else to shells
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``aoizora-lab``."""
     parser = argparse.ArgumentParser(
@@ -160,6 +180,16 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--json", help="write the best plan to this file")
     pl.add_argument("--quiet", action="store_true", help="no progress bar")
     pl.set_defaults(run=_plan_command)
+    rep = commands.add_parser(
+        "reports", help="run the notebooks for every report of the matrix; write HTML pages")
+    rep.add_argument("--matrix", default="data/reports.yaml", help="report matrix (YAML)")
+    rep.add_argument("--out", default="reports", help="output folder (pages and index.html)")
+    rep.add_argument("--notebooks", default="notebooks", help="folder of the notebooks")
+    rep.add_argument("--only", nargs="+", metavar="NAME", help="run only these reports")
+    rep.add_argument("--kernel", default=None,
+                     help="installed kernelspec to run (default: this interpreter)")
+    rep.add_argument("--quiet", action="store_true", help="no progress bars")
+    rep.set_defaults(run=_reports_command)
     return parser
 
 

@@ -1,0 +1,45 @@
+"""Figures for notebooks and HTML reports: pure builders returning plotly figures.
+
+Every builder takes library values (a :class:`~aoizora_lab.Topology`, ``CommEstimate``
+link bytes, the planner's DataFrames) and returns a ``plotly.graph_objects.Figure``; nothing
+here computes a plan, prints or writes files. In a notebook, display figures with
+:func:`show` (not ``fig.show()``), which keeps them visible both in JupyterLab and in the
+exported HTML reports::
+
+    from aoizora_lab import viz
+    link_bytes, users = viz.link_bytes_by_collective(program, topo, placement)
+    viz.show(viz.torus_heatmap(topo, link_bytes, collectives_by_link=users))
+"""
+
+from aoizora_lab.viz.charts import collective_breakdown, ranking_scatter
+from aoizora_lab.viz.display import display_bundle, show
+from aoizora_lab.viz.explorer import (
+    HeatmapExplorer,
+    heatmap_explorer_figure,
+    heatmap_explorer_widget,
+)
+from aoizora_lab.viz.loads import (
+    CollectivesByLink,
+    LinkKey,
+    collective_names,
+    collective_views,
+    link_bytes_by_collective,
+)
+from aoizora_lab.viz.torus import heatmap_comparison, torus_heatmap
+
+__all__ = [
+    "CollectivesByLink",
+    "HeatmapExplorer",
+    "LinkKey",
+    "collective_breakdown",
+    "collective_names",
+    "collective_views",
+    "display_bundle",
+    "heatmap_comparison",
+    "heatmap_explorer_figure",
+    "heatmap_explorer_widget",
+    "link_bytes_by_collective",
+    "ranking_scatter",
+    "show",
+    "torus_heatmap",
+]

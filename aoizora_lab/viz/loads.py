@@ -1,0 +1,95 @@
+"""Per-link bytes split by collective: the data behind the heatmaps' hover lists and views.
+
+:func:`~aoizora_lab.estimate` prices a program as the sum of its collectives and keeps each
+one's per-link bytes in ``CommEstimate.parts``; these helpers regroup those parts by link
+(which collectives use this link, and how much?) or by collective (what does this one
+collective put on every link?). Example: an all-gather ``"ag"`` over rows and an all-reduce
+``"ar"`` over columns of a 4x4 slice share no link, so every link lists exactly one of them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import numpy as np
+
+from aoizora_lab.comm_model import Collective, ModelOptions, estimate
+from aoizora_lab.hardware import ChipSpec
+from aoizora_lab.topology import Topology
+
+LinkKey = tuple[int, int, int]
+"""(source chip, axis, direction) of a directed link: an index into a link-bytes array."""
+CollectivesByLink = dict[LinkKey, tuple[tuple[str, float], ...]]
+"""Per link, the (collective name, bytes) pairs that use it, heaviest first."""
+
+
+def collective_names(collectives: Iterable[Collective]) -> list[str]:
+    """A distinct label per collective: its HLO ``name``, else its kind, numbered on repeats.
+
+    Example: two unnamed all-gathers and one named ``"ar.3"`` -> ``["all-gather",
+    "all-gather #2", "ar.3"]``.
+    """
+    labels: list[str] = []
+    seen: dict[str, int] = {}
+    for collective in collectives:
+        base = collective.name or collective.kind
+        seen[base] = seen.get(base, 0) + 1
+        labels.append(base if seen[base] == 1 else f"{base} #{seen[base]}")
+    return labels
+
+
+def link_bytes_by_collective(
+    program_or_collectives: Any,
+    topology: Topology,
+    placement: Sequence[int] | np.ndarray | None = None,
+    *,
+    chip: ChipSpec | None = None,
+    options: ModelOptions | None = None,
+) -> tuple[np.ndarray, CollectivesByLink]:
+    """Total bytes per directed link, and which collectives put them there.
+
+    ``program_or_collectives`` is a ``CommProgram`` (anything with ``.collectives``), a
+    sequence of :class:`Collective` or a single one; ``placement`` maps logical device ids to
+    physical devices as in :func:`~aoizora_lab.estimate`. Returns ``(link_bytes,
+    collectives_by_link)``: the program's ``[num_chips, ndim, 2]`` array and, for every link
+    that carries bytes, ``(name, bytes)`` pairs heaviest first — what
+    :func:`~aoizora_lab.viz.torus_heatmap` lists when hovering a link.
+    """
+    collectives = _collective_list(program_or_collectives)
+    result = estimate(collectives, topology, placement, chip=chip, options=options)
+    users: dict[LinkKey, list[tuple[str, float]]] = {}
+    for name, part in zip(collective_names(collectives), result.parts, strict=True):
+        for key in map(tuple, np.argwhere(part.link_bytes > 0).tolist()):
+            users.setdefault(key, []).append((name, float(part.link_bytes[key])))
+    by_link = {key: tuple(sorted(pairs, key=lambda p: -p[1])) for key, pairs in users.items()}
+    return result.link_bytes, by_link
+
+
+def collective_views(
+    program_or_collectives: Any,
+    topology: Topology,
+    placement: Sequence[int] | np.ndarray | None = None,
+    *,
+    total: str = "all collectives",
+    chip: ChipSpec | None = None,
+    options: ModelOptions | None = None,
+) -> dict[str, np.ndarray]:
+    """Link bytes of the whole program (key ``total``) and of each collective (by its label).
+
+    The dict feeds the explorers: ``heatmap_explorer_figure(topo, collective_views(prog,
+    topo, placement))`` switches between the program's load and each collective's.
+    """
+    collectives = _collective_list(program_or_collectives)
+    result = estimate(collectives, topology, placement, chip=chip, options=options)
+    views = {total: result.link_bytes}
+    views.update(zip(collective_names(collectives), (p.link_bytes for p in result.parts),
+                     strict=True))
+    return views
+
+
+def _collective_list(program_or_collectives: Any) -> list[Collective]:
+    # A single collective has no parts in its estimate; a list of one always does.
+    if isinstance(program_or_collectives, Collective):
+        return [program_or_collectives]
+    return list(getattr(program_or_collectives, "collectives", program_or_collectives))

@@ -1,0 +1,330 @@
+"""Report regeneration: papermill runs, records, offline HTML pages, the index, the CLI.
+
+The notebooks in ``tests/data`` stand in for the real ones: ``heatmap`` draws a plotly heatmap
+of its parameters and records values derived from them; ``fails`` records a value, then raises.
+"""
+
+import os
+import re
+import shutil
+import struct
+import subprocess
+from importlib import resources
+from pathlib import Path
+
+import nbformat
+import numpy as np
+import pytest
+from nbformat.v4 import new_code_cell, new_notebook, new_output
+
+from aoizora_lab.cli import main
+from aoizora_lab.errors import AoizoraError
+from aoizora_lab.reports import (
+    RECORD_MIMETYPE,
+    ReportSpec,
+    load_matrix,
+    read_records,
+    record,
+    run_reports,
+    select_reports,
+    write_index,
+)
+
+DATA = Path(__file__).parent / "data"
+REPO = Path(__file__).parent.parent
+CHROMIUM = Path("/usr/bin/chromium")
+# Anything a page would fetch from the network: scripts, stylesheets, modules.
+EXTERNAL = re.compile(r"""<(?:script|link)\b[^>]*(?:src|href)\s*=\s*["']?(?:https?:)?//""", re.I)
+
+
+def heatmap_values(rows=2, cols=3, scale=1.0, size=(4, 2), label="default"):
+    """What tests/data/heatmap.ipynb records for these parameters (its defaults here)."""
+    z = [[scale * (r * cols + c) for c in range(cols)] for r in range(rows)]
+    return {"cells": rows * cols, "total": sum(map(sum, z)), "label": label,
+            "area": size[0] * size[1]}
+
+
+GRID = {"rows": 3, "cols": 4, "scale": 2.0, "size": (5, 3), "label": "three by four",
+        "steps": 2}
+
+
+@pytest.fixture(scope="module")
+def reports(tmp_path_factory):
+    """Two reports: one runs the heatmap and the failing notebook, one only the heatmap."""
+    out = tmp_path_factory.mktemp("reports")
+    specs = [ReportSpec("grid-3x4", ("heatmap", "fails.ipynb"), GRID),
+             ReportSpec("grid-1x2", ("heatmap",), {"rows": 1, "cols": 2})]
+    result = run_reports(specs, DATA, out, progress=False)
+    return result, out, write_index(result, out)
+
+
+# ---- the default matrix and its validation -------------------------------------------------
+
+def test_default_matrix_holds_the_three_documented_reports():
+    specs = load_matrix(REPO / "data" / "reports.yaml")
+    assert {spec.name: dict(spec.parameters) for spec in specs} == {
+        "wan-1.3b-480p-v5e-2x4": {"model": "wan2.1-t2v-1.3b", "size": [832, 480],
+                                  "frames": 81, "topology": "v5e:2x4"},
+        "wan-14b-720p-v5e-4x4": {"model": "wan2.1-t2v-14b", "size": [1280, 720],
+                                 "frames": 81, "topology": "v5e:4x4"},
+        "wan-14b-480p-v5e-2x4": {"model": "wan2.1-t2v-14b", "size": [832, 480],
+                                 "frames": 81, "topology": "v5e:2x4"},
+    }
+    assert all(spec.notebooks == () for spec in specs)  # every numbered notebook
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("reprots: []", ["unknown key(s) ['reprots']", "'notebooks', 'reports'"]),
+    ("reports: []", ["non-empty list"]),
+    ("reports: [{name: a, params: {}}]", ["reports[0]", "['params']", "'parameters'"]),
+    ("reports: [{parameters: {}}]", ["reports[0]", "'name'"]),
+    ("reports: [{name: a}, {name: a}]", ["unique", "['a']"]),
+    ("reports: [{name: a b}]", ["'a b'", "letters, digits"]),
+    ("reports: [{name: a, notebooks: 01_x}]", ["list of names"]),
+    ("reports: [{name: a, notebooks: [n1, n1.ipynb]}]", ["name one twice"]),
+    ("reports: [{name: a, parameters: {model: wan3}}]", ["'wan3'", "wan2.1-t2v-14b"]),
+    ("reports: [{name: a, parameters: {size: 832x480}}]", ["'832x480'", "[832, 480]"]),
+    ("reports: [{name: a, parameters: {model: wan2.1-t2v-14b, size: [830, 480]}}]",
+     ["830x480", "multiples of 16"]),
+    ("reports: [{name: a, parameters: {model: wan2.1-t2v-14b, frames: 80}}]", ["frames=80"]),
+    ("reports: [{name: a, parameters: {topology: 'v5e:3x3'}}]", ["'3x3'"]),
+    ("reports: [{name: a, parameters: {2x: 1}}]", ["'2x'", "Python variable"]),
+    ("reports: [a, b", ["not valid YAML"]),
+])
+def test_bad_matrices_name_the_entry_the_value_and_the_fix(tmp_path, text, expected):
+    path = tmp_path / "matrix.yaml"
+    path.write_text(text)
+    with pytest.raises(AoizoraError) as err:
+        load_matrix(path)
+    for fragment in expected:
+        assert fragment in str(err.value)
+
+
+def test_missing_matrix_file_is_a_clear_error(tmp_path):
+    with pytest.raises(AoizoraError, match="does not exist"):
+        load_matrix(tmp_path / "nope.yaml")
+
+
+def test_parameters_are_made_injectable_or_refused():
+    spec = ReportSpec("r", parameters={"size": (832, 480), "nested": {"a": (1, 2)}})
+    assert spec.parameters == {"size": [832, 480], "nested": {"a": [1, 2]}}
+    with pytest.raises(TypeError):
+        spec.parameters["size"] = [1, 1]  # read-only
+    with pytest.raises(AoizoraError, match=r"parameter 'when'.*cannot be injected"):
+        ReportSpec("r", parameters={"when": object()})
+
+
+def test_select_reports_keeps_matrix_order_and_names_unknown_ones():
+    specs = [ReportSpec("a"), ReportSpec("b"), ReportSpec("c")]
+    assert [s.name for s in select_reports(specs, ["c", "a"])] == ["a", "c"]
+    assert select_reports(specs, None) == specs
+    with pytest.raises(AoizoraError, match=r"\['z'\].*\['a', 'b', 'c'\]"):
+        select_reports(specs, ["a", "z"])
+
+
+def test_undeclared_parameters_and_missing_notebooks_fail_before_anything_runs(tmp_path):
+    out = tmp_path / "out"
+    with pytest.raises(AoizoraError, match=r"\['rowz'\].*declared there: \['cols', 'label'"):
+        run_reports([ReportSpec("r", ("heatmap",), {"rowz": 3})], DATA, out)
+    with pytest.raises(AoizoraError, match=r"\['heatmapp'\] not found.*'fails.ipynb'"):
+        run_reports([ReportSpec("r", ("heatmapp",))], DATA, out)
+    with pytest.raises(AoizoraError, match="no numbered notebooks"):
+        run_reports([ReportSpec("r")], DATA, out)
+    assert not out.exists()
+
+
+# ---- record / read_records -------------------------------------------------------------------
+
+def test_record_outputs_json_and_read_records_reads_them_back(capsys):
+    record("latency_s", np.float32(0.5))  # outside a kernel: its text form is printed
+    assert capsys.readouterr().out.strip() == "recorded latency_s = 0.5"
+    nb = new_notebook(cells=[
+        new_code_cell(outputs=[new_output("display_data", {RECORD_MIMETYPE: {"a": 1}})]),
+        new_code_cell(outputs=[new_output("stream", name="stdout", text="hi"),
+                               new_output("display_data", {RECORD_MIMETYPE: {"a": 2, "b": [1]}})]),
+    ])
+    assert read_records(nb) == {"a": 2, "b": [1]}
+
+
+@pytest.mark.parametrize(("name", "value", "match"), [
+    ("", 1, "non-empty string"),
+    ("x", float("nan"), "not JSON-able.*None for a missing number"),
+    ("x", object(), "not JSON-able"),
+])
+def test_record_refuses_what_json_cannot_hold(name, value, match):
+    with pytest.raises(AoizoraError, match=match):
+        record(name, value)
+
+
+# ---- running the notebooks -------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_every_notebook_runs_and_its_records_follow_its_parameters(reports):
+    result, out, _ = reports
+    runs = {(run.report, run.notebook): run for run in result.runs}
+    assert list(runs) == [("grid-3x4", "heatmap"), ("grid-3x4", "fails"),
+                          ("grid-1x2", "heatmap")]
+    grid, small = runs["grid-3x4", "heatmap"], runs["grid-1x2", "heatmap"]
+    assert grid.records == heatmap_values(**{k: GRID[k] for k in ("rows", "cols", "scale",
+                                                                    "size", "label")})
+    assert grid.records["total"] == 132.0
+    assert small.records == heatmap_values(rows=1, cols=2)
+    # Each notebook gets the parameters its parameters cell declares, nothing else.
+    assert runs["grid-3x4", "fails"].parameters == {"steps": 2}
+    assert grid.parameters["size"] == [5, 3]
+    for run in (grid, small):
+        assert run.status == "ok" and run.error is None and run.seconds > 0
+        assert run.executed == out / run.report / "heatmap.ipynb"
+        assert read_records(run.executed) == run.records
+        assert run.page == out / run.report / "heatmap.html" and run.page.exists()
+
+
+@pytest.mark.slow
+def test_a_failing_notebook_keeps_its_partial_run_and_the_others_finish(reports):
+    result, _, index = reports
+    assert result.failed == 1
+    failed = [run for run in result.runs if run.status == "failed"]
+    assert [(run.report, run.notebook) for run in failed] == [("grid-3x4", "fails")]
+    run = failed[0]
+    assert run.error == "RuntimeError: deliberate failure after 2 step(s)"
+    assert run.records == {"before_failure": 2}  # recorded before the failure
+    executed = nbformat.read(run.executed, as_version=4)
+    code = [cell for cell in executed.cells if cell.cell_type == "code"]
+    assert any(o.output_type == "error" for o in code[-2].outputs)
+    assert code[-1].outputs == []  # never reached
+    page = run.page.read_text()
+    assert "deliberate failure after 2 step(s)" in page and "An Exception was encountered" in page
+    index_html = index.read_text()
+    assert "RuntimeError: deliberate failure after 2 step(s)" in index_html
+    assert 'href="grid-3x4/fails.ipynb">partial notebook</a>' in index_html
+    assert result.to_frame()["status"].tolist() == ["ok", "failed", "ok"]
+
+
+@pytest.mark.slow
+def test_pages_show_outputs_without_code_and_load_only_the_shared_plotly_js(reports):
+    result, out, _ = reports
+    shared = out / "assets" / "plotly.min.js"
+    plotly_js = (resources.files("plotly") / "package_data" / "plotly.min.js").read_bytes()
+    assert shared.read_bytes() == plotly_js
+    for run in result.runs:
+        page = run.page.read_text()
+        head = page[:page.index("</head>")]
+        assert '<script src="../assets/plotly.min.js"></script>' in head
+        assert not EXTERNAL.findall(page), EXTERNAL.findall(page)
+        assert "cdnjs" not in page and "unpkg" not in page and "require.js" not in page
+        assert len(page) < len(plotly_js) / 8  # plotly.js is not inlined
+        assert "from aoizora_lab.reports import record" not in page  # no code cells
+        assert "jp-InputPrompt jp-InputArea-prompt" not in page
+        assert "recorded " not in page and RECORD_MIMETYPE not in page
+        assert "celltag_parameters" not in page and "celltag_injected-parameters" not in page
+    page = (out / "grid-3x4" / "heatmap.html").read_text()
+    assert "<strong>Parameters:</strong>" in page and "<code>rows = 3</code>" in page
+    assert page.index("plotly.min.js") < page.index('class="plotly-graph-div"')
+    assert '"type":"heatmap"' in page and "heatmap three by four" in page
+    assert '"z":[[0.0,2.0,4.0,6.0],[8.0,10.0,12.0,14.0],[16.0,18.0,20.0,22.0]]' in page
+    assert "total of the heatmap: 132.0" in page  # printed output stays
+
+
+@pytest.mark.slow
+def test_index_links_every_page_and_lists_the_records(reports):
+    _, out, index = reports
+    text = index.read_text()
+    assert "<script" not in text and not EXTERNAL.findall(text)
+    links = re.findall(r'href="([^"]+)"', text)
+    assert sorted(links) == sorted(["grid-3x4/heatmap.html", "grid-3x4/fails.html",
+                                    "grid-3x4/fails.ipynb", "grid-1x2/heatmap.html"])
+    assert all((out / link).is_file() for link in links)
+    assert "3 notebook runs in 2 reports: 2 ok, 1 failed" in text
+    assert "<b>cells</b>: 12<br><b>total</b>: 132<br><b>label</b>: three by four" in text
+    assert 'class="parameters">rows = 3, cols = 4, scale = 2, size = [5, 3], label = three' in text
+
+
+@pytest.mark.slow
+def test_notebooks_run_in_this_interpreter_whatever_python3_kernelspec_is_installed(
+        tmp_path, monkeypatch):
+    # A fresh venv may find a 'python3' kernelspec of another interpreter first.
+    spec_dir = tmp_path / "jupyter" / "kernels" / "python3"
+    spec_dir.mkdir(parents=True)
+    (spec_dir / "kernel.json").write_text(
+        '{"argv": ["/nonexistent/python", "-m", "ipykernel_launcher", "-f", '
+        '"{connection_file}"], "display_name": "elsewhere", "language": "python"}')
+    monkeypatch.setenv("JUPYTER_PATH", str(tmp_path / "jupyter"))
+    spec = [ReportSpec("r", ("heatmap",))]
+    ours = run_reports(spec, DATA, tmp_path / "ours", progress=False)
+    assert ours.failed == 0 and ours.runs[0].records == heatmap_values()
+    named = run_reports(spec, DATA, tmp_path / "named", kernel_name="python3", progress=False)
+    assert named.failed == 1 and "nonexistent" in named.runs[0].error
+
+
+@pytest.mark.slow
+def test_cli_runs_the_matrix_and_exits_with_the_number_of_failures(tmp_path, monkeypatch,
+                                                                    capsys):
+    # A project folder, relative paths and the CLI's defaults (papermill changes directory
+    # to the notebooks' folder while it runs: outputs must still land in reports/).
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "notebooks").mkdir()
+    for name in ("heatmap.ipynb", "fails.ipynb"):
+        shutil.copy(DATA / name, tmp_path / "notebooks" / name)
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "reports.yaml").write_text(
+        "reports:\n"
+        "  - {name: fine, notebooks: [heatmap], parameters: {rows: 4}}\n"
+        "  - {name: broken, notebooks: [fails], parameters: {steps: 7}}\n")
+    assert main(["reports", "--quiet"]) == 1
+    printed = capsys.readouterr().out
+    assert re.search(r"broken\s+fails\s+failed\s+[\d.]+\s+RuntimeError: deliberate failure "
+                     r"after 7 step", printed)
+    assert "1 of 2 notebooks ok; index: reports/index.html" in printed
+    for path in ("index.html", "assets/plotly.min.js", "fine/heatmap.html",
+                 "fine/heatmap.ipynb", "broken/fails.ipynb"):
+        assert (tmp_path / "reports" / path).is_file(), path
+    assert sorted(p.name for p in (tmp_path / "notebooks").iterdir()) == [
+        "fails.ipynb", "heatmap.ipynb"]
+    assert main(["reports", "--quiet", "--out", "only", "--only", "fine"]) == 0
+    assert (tmp_path / "only" / "fine").is_dir() and not (tmp_path / "only" / "broken").exists()
+    assert main(["reports", "--only", "nope"]) == 2
+    assert "Unknown report(s) ['nope']" in capsys.readouterr().err
+
+
+# ---- the page in a browser, offline ----------------------------------------------------------
+
+def chromium(tmp_path, url, *flags):
+    """Headless Chromium with every network request failing; returns (stdout, stderr)."""
+    done = subprocess.run(
+        [str(CHROMIUM), "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+         f"--user-data-dir={tmp_path / 'profile'}", "--proxy-server=127.0.0.1:9",
+         "--host-resolver-rules=MAP * ~NOTFOUND", "--virtual-time-budget=10000",
+         "--enable-logging=stderr", "--v=0", *flags, url],
+        capture_output=True, text=True, timeout=120, check=False)
+    return done.stdout, done.stderr
+
+
+def js_errors(stderr):
+    return [line for line in stderr.splitlines() if "Uncaught" in line]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.access(CHROMIUM, os.X_OK),
+                    reason="Chromium is not installed at /usr/bin/chromium "
+                           "(`apt-get install chromium`, as .ci/run does)")
+def test_report_page_renders_the_figure_offline_in_chromium(reports, tmp_path):
+    _, out, _ = reports
+    url = (out / "grid-3x4" / "heatmap.html").as_uri()
+    dom, log = chromium(tmp_path, url, "--dump-dom")
+    assert not js_errors(log), js_errors(log)
+    figure = re.search(r'<div class="plotly-graph-div[^"]*"[^>]*id="heatmap".*?</svg>', dom, re.S)
+    assert figure, "plotly did not draw the figure into its div"
+    assert 'class="main-svg"' in figure.group(0) and "js-plotly-plot" in figure.group(0)
+    assert "heatmaplayer" in dom  # the heatmap trace itself, not only the axes
+
+    screenshot = tmp_path / "report.png"
+    chromium(tmp_path, url, f"--screenshot={screenshot}", "--window-size=1280,2000")
+    png = screenshot.read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    assert struct.unpack(">II", png[16:24]) == (1280, 2000)
+
+    # The check above can fail: a page whose plotly.js is missing logs an Uncaught error.
+    broken = tmp_path / "broken.html"  # no ../assets/plotly.min.js beside it
+    broken.write_text((out / "grid-3x4" / "heatmap.html").read_text())
+    _, log = chromium(tmp_path, broken.as_uri(), "--dump-dom")
+    assert any("Plotly is not defined" in line for line in js_errors(log))

@@ -1,0 +1,359 @@
+"""Figure builders: every directed link with the model's bytes, explorers, notebook display."""
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import aoizora_lab as az
+from aoizora_lab import viz
+from aoizora_lab.comm_model import standard_collectives
+from aoizora_lab.hlo import CommProgram
+from aoizora_lab.placement import Placement
+from aoizora_lab.planner import breakdown
+from aoizora_lab.topology import MINUS, PLUS
+from aoizora_lab.viz.units import format_bytes, time_scale
+
+
+def _collectives() -> list[az.Collective]:
+    """A (2, 8) logical mesh: gather along the 8 axis, reduce along the 2 axis, a shift."""
+    return [
+        az.Collective("all-gather", az.mesh_axis_groups((2, 8), [1]), 8e6, count=3, name="ag"),
+        az.Collective("all-reduce", az.mesh_axis_groups((2, 8), [0]), 4e6, name="ar"),
+        az.Collective("collective-permute", [(i, (i + 1) % 16) for i in range(16)], 2e6),
+    ]
+
+
+def _placement(topology: az.Topology, seed: int = 0) -> Placement:
+    order = np.random.default_rng(seed).permutation(topology.num_devices)
+    return Placement(tuple(order.tolist()), "shuffled")
+
+
+def _traces(fig, role: str) -> list:
+    return [t for t in fig.data if t.meta == role]
+
+
+def _link_rows(fig) -> dict[tuple[int, int, int], list[float]]:
+    """customdata of every arrow, by (chip, axis, direction); fails on a link drawn twice."""
+    rows: dict[tuple[int, int, int], list[float]] = {}
+    for trace in _traces(fig, "links"):
+        for row in trace.customdata:
+            key = (int(row[0]), int(row[1]), int(row[2]))
+            assert key not in rows, f"link {key} drawn twice"
+            rows[key] = list(row[3:])
+    return rows
+
+
+def _existing_links(topology: az.Topology) -> set[tuple[int, int, int]]:
+    return {tuple(k) for k in np.argwhere(topology.link_exists).tolist()}
+
+
+@pytest.mark.parametrize("wrap", [(True, True), (False, False)])
+def test_heatmap_carries_every_directed_link_with_the_estimated_bytes(wrap):
+    topo = az.Topology.simulated((4, 4), wrap=wrap)
+    est = az.estimate(_collectives(), topo, _placement(topo))
+    fig = viz.torus_heatmap(topo, est.link_bytes)
+
+    rows = _link_rows(fig)
+    assert set(rows) == _existing_links(topo)
+    assert len(rows) == topo.num_links == (64 if all(wrap) else 48)
+    busiest = est.link_bytes.max()
+    for key, (size, share) in rows.items():
+        assert size == pytest.approx(est.link_bytes[key])
+        assert share == pytest.approx(est.link_bytes[key] / busiest)
+    assert busiest > 0 and max(size for size, _ in rows.values()) == pytest.approx(busiest)
+    assert fig.layout.coloraxis.cmax == pytest.approx(busiest)
+
+
+@pytest.mark.parametrize("wrap", [(True, True), (False, False), (True, False)])
+def test_wraparound_links_are_drawn_exactly_when_the_slice_wraps(wrap):
+    topo = az.Topology.simulated((4, 4), wrap=wrap)
+    fig = viz.torus_heatmap(topo, az.estimate(_collectives(), topo).link_bytes)
+
+    hover = [h for t in _traces(fig, "links") for h in t.hovertext]
+    wrapped = [str(link) for link in topo.links() if link.wraparound]
+    assert sum("(wraparound)" in h for h in hover) == len(wrapped) == 8 * sum(wrap)
+    lanes_x = [x for t in _traces(fig, "link-lanes") for x in t.x if x is not None]
+    lanes_y = [y for t in _traces(fig, "link-lanes") for y in t.y if y is not None]
+    # Only wraparound stubs reach more than half a chip spacing past the edge chips.
+    assert (min(lanes_x) < -0.5 and max(lanes_x) > 3.5) == wrap[0]
+    assert (min(lanes_y) < -0.5 and max(lanes_y) > 3.5) == wrap[1]
+
+
+def test_hover_names_the_link_its_bytes_share_and_collectives():
+    topo = az.Topology.simulated((4, 4), wrap=(True, True))
+    placement = _placement(topo, seed=3)
+    link_bytes, users = viz.link_bytes_by_collective(_collectives(), topo, placement)
+    fig = viz.torus_heatmap(topo, link_bytes, collectives_by_link=users, title="shuffled")
+
+    chip = int(np.ravel_multi_index((0, 1), topo.shape))
+    hover = {(int(r[0]), int(r[1]), int(r[2])): h
+             for t in _traces(fig, "links") for r, h in zip(t.customdata, t.hovertext, strict=True)}
+    text = hover[(chip, 0, PLUS)]
+    assert text.startswith("<b>(0,1) -> (1,1) +x</b>")
+    assert "bytes: " in text and "share of busiest link: " in text
+    for name, size in users[(chip, 0, PLUS)]:
+        assert f"{name}: {format_bytes(size)}" in text
+    back = hover[(chip, 0, MINUS)]
+    assert back.startswith("<b>(0,1) -> (3,1) -x (wraparound)</b>")
+    assert fig.layout.title.text == "shuffled"
+
+
+def test_link_bytes_by_collective_splits_the_estimate_by_collective():
+    topo = az.Topology.simulated((4, 4), wrap=(True, True))
+    placement = _placement(topo, seed=1)
+    collectives = _collectives()
+    est = az.estimate(collectives, topo, placement)
+    link_bytes, users = viz.link_bytes_by_collective(CommProgram(tuple(collectives), 16), topo,
+                                                     placement)
+
+    np.testing.assert_allclose(link_bytes, est.link_bytes)
+    rebuilt = np.zeros_like(link_bytes)
+    for key, pairs in users.items():
+        assert [b for _, b in pairs] == sorted((b for _, b in pairs), reverse=True)
+        rebuilt[key] = sum(b for _, b in pairs)
+    np.testing.assert_allclose(rebuilt, est.link_bytes)
+    assert {name for pairs in users.values() for name, _ in pairs} == {
+        "ag", "ar", "collective-permute"}
+    views = viz.collective_views(collectives, topo, placement)
+    assert list(views) == ["all collectives", "ag", "ar", "collective-permute"]
+    for view, part in zip(list(views)[1:], est.parts, strict=True):
+        np.testing.assert_allclose(views[view], part.link_bytes)
+
+
+def test_collective_names_fall_back_to_kind_and_number_repeats():
+    gather = az.Collective("all-gather", [[0, 1]], 1.0)
+    named = az.Collective("all-reduce", [[0, 1]], 1.0, name="ar.3")
+    assert viz.collective_names([gather, gather, named]) == ["all-gather", "all-gather #2",
+                                                             "ar.3"]
+
+
+def test_3d_slice_has_a_panel_per_z_plane_and_shows_z_links():
+    topo = az.Topology.simulated((2, 2, 4), generation="v5p")  # no wraparound: 2x2x4
+    collectives = [az.Collective("all-gather", az.mesh_axis_groups((4, 4), [0]), 8e6,
+                                 name="over z"),
+                   az.Collective("all-to-all", az.mesh_axis_groups((4, 4), [1]), 4e6)]
+    est = az.estimate(collectives, topo, _placement(topo))
+    fig = viz.torus_heatmap(topo, est.link_bytes)
+
+    panels = _traces(fig, "links")
+    assert len(panels) == 4 and len({t.xaxis for t in panels}) == 4
+    rows = _link_rows(fig)
+    assert set(rows) == _existing_links(topo)
+    for key, (size, _) in rows.items():
+        assert size == pytest.approx(est.link_bytes[key])
+    for z, trace in enumerate(panels):  # each link sits in its source chip's plane
+        planes = {int(topo.chip_coords[int(r[0]), 2]) for r in trace.customdata}
+        assert planes == {z}
+        symbols = {s for s, r in zip(trace.marker.symbol, trace.customdata,
+                                                  strict=True) if r[1] == 2}
+        assert symbols == ({"circle-open-dot"} if z == 0 else {"circle-x-open"} if z == 3
+                           else {"circle-open-dot", "circle-x-open"})
+    assert est.link_bytes[:, 2].sum() > 0
+
+
+def test_from_name_labels_chips_with_their_device_index():
+    topo = az.Topology.from_name("v5e:4x4")
+    fig = viz.torus_heatmap(topo, az.estimate(_collectives(), topo).link_bytes)
+    (chips,) = _traces(fig, "chips")
+    grid = topo.device_grid()
+    expected = [str(grid[int(x), int(y), 0]) for x, y in zip(chips.x, chips.y, strict=True)]
+    assert list(chips.text) == expected
+
+    placement = _placement(topo, seed=2)
+    labelled = _traces(viz.torus_heatmap(topo, np.zeros((16, 2, 2)), placement=placement),
+                       "chips")[0]
+    logical = {device: i for i, device in enumerate(placement.order)}
+    assert list(labelled.text) == [str(logical[int(t)]) for t in chips.text]
+
+
+def test_share_view_and_fixed_scale():
+    topo = az.Topology.simulated((4, 4), wrap=(True, True))
+    est = az.estimate(_collectives(), topo)
+    share = viz.torus_heatmap(topo, est.link_bytes, value="share")
+    colours = [c for t in _traces(share, "links") for c in t.marker.color]
+    rows = _link_rows(share)
+    assert colours == pytest.approx([r[1] for r in rows.values()])
+    assert (share.layout.coloraxis.cmin, share.layout.coloraxis.cmax) == (0.0, 1.0)
+    fixed = viz.torus_heatmap(topo, est.link_bytes, cmax=1e9)
+    assert fixed.layout.coloraxis.cmax == 1e9
+    with pytest.raises(az.AoizoraError, match="value="):
+        viz.torus_heatmap(topo, est.link_bytes, value="seconds")
+
+
+def test_link_bytes_of_another_topology_are_refused():
+    torus = az.Topology.simulated((4, 4), wrap=(True, True))
+    mesh = az.Topology.simulated((4, 4), wrap=(False, False))
+    with pytest.raises(az.AoizoraError, match="does not have"):
+        viz.torus_heatmap(mesh, az.estimate(_collectives(), torus).link_bytes)
+    with pytest.raises(az.AoizoraError, match=r"shape \(16, 2\)"):
+        viz.torus_heatmap(mesh, np.zeros((16, 2)))
+
+
+def test_comparison_shares_one_scale_and_shows_the_difference():
+    topo = az.Topology.simulated((4, 4), wrap=(False, False))
+    left = az.estimate(_collectives(), topo).link_bytes
+    right = az.estimate(_collectives(), topo, _placement(topo)).link_bytes
+    fig = viz.heatmap_comparison(topo, left, right, left_title="compact",
+                                 right_title="shuffled")
+
+    first, second, change = _traces(fig, "links")
+    assert first.marker.coloraxis == second.marker.coloraxis == "coloraxis"
+    assert change.marker.coloraxis == "coloraxis2"
+    assert fig.layout.coloraxis.cmax == pytest.approx(max(left.max(), right.max()))
+    assert fig.layout.coloraxis2.cmin == pytest.approx(-fig.layout.coloraxis2.cmax)
+    assert fig.layout.coloraxis2.cmax == pytest.approx(np.abs(right - left).max())
+    for row in change.customdata:
+        key = (int(row[0]), int(row[1]), int(row[2]))
+        assert row[3:] == pytest.approx([left[key], right[key], right[key] - left[key]])
+    assert "difference: shuffled − compact" in [a.text for a in fig.layout.annotations]
+
+    cube = az.Topology.simulated((2, 2, 4), generation="v5p")
+    est = az.estimate(_collectives(), cube)
+    assert len(_traces(viz.heatmap_comparison(cube, est.link_bytes, 2 * est.link_bytes),
+                       "links")) == 12  # 3 views x 4 z-planes
+
+
+def test_collective_breakdown_merges_small_collectives_into_other():
+    topo = az.Topology.simulated((4, 4), wrap=(True, True))
+    collectives = [*standard_collectives((4, 4), 8e6),
+                   az.Collective("collective-permute", [(0, 1)], 10.0, name="tiny")]
+    frame = breakdown(CommProgram(tuple(collectives), 16), topo, _placement(topo))
+    fig = viz.collective_breakdown(frame, top=4)
+
+    bars = {y for t in fig.data for y in t.y}
+    kept = frame["collective"].iloc[:4].tolist()
+    assert bars == {*kept, f"other ({len(frame) - 4} collectives)"}
+    assert list(fig.layout.yaxis.categoryarray)[-1] == kept[0]  # heaviest on top
+    factor, unit = time_scale(frame["seconds"].max())
+    assert fig.layout.xaxis.title.text == f"time per step ({unit})"
+    assert sum(x for t in fig.data for x in t.x) == pytest.approx(frame["seconds"].sum() * factor)
+    assert {t.name for t in fig.data} == set(frame["kind"])
+
+    looped = frame.assign(loop=["layers"] * 3 + ["outside"] * (len(frame) - 3))
+    per_loop = viz.collective_breakdown(looped, by="loop")
+    assert {y for t in per_loop.data for y in t.y} == {"layers", "outside"}
+    with pytest.raises(az.AoizoraError, match="lacks"):
+        viz.collective_breakdown(frame.drop(columns="seconds"))
+
+
+def test_ranking_scatter_marks_the_best_placement():
+    frame = pd.DataFrame({
+        "candidate": ["cfg2-uly4", "cfg2-uly4", "cfg2-ring4", "uly8"],
+        "placement": [Placement(tuple(range(8)), d) for d in "abcd"],
+        "description": ["cfg on x:2 | uly on y:4", "uly on x:2,y:2", "ring on y:4", "plain"],
+        "source": ["structured", "anneal", "structured", "extra"],
+        "compute_s": [0.50, 0.50, 0.52, 0.45],
+        "comm_s": [0.08, 0.05, 0.02, 0.20],
+    })
+    frame["total_s"] = frame["compute_s"] + frame["comm_s"]
+    fig = viz.ranking_scatter(frame)
+
+    names = [t.name for t in fig.data]
+    assert names == ["cfg2-ring4", "cfg2-uly4", "uly8", "best"]  # by best total
+    best = fig.data[-1]
+    assert (best.x[0], best.y[0]) == pytest.approx((520.0, 20.0))  # ms
+    assert "ring on y:4" in best.hovertext[0] and "rank 1 of 4" in best.hovertext[0]
+    total = viz.ranking_scatter(frame, y="total_s")
+    assert total.data[-1].y[0] == pytest.approx(540.0)
+
+
+def test_explorer_figure_has_a_button_per_view_carrying_its_data():
+    topo = az.Topology.simulated((4, 4), wrap=(True, True))
+    placement = _placement(topo)
+    views = viz.collective_views(_collectives(), topo, placement)
+    _, users = viz.link_bytes_by_collective(_collectives(), topo, placement)
+    fig = viz.heatmap_explorer_figure(topo, views, collectives_by_view={"all collectives": users})
+
+    (menu,) = fig.layout.updatemenus
+    assert [b.label for b in menu.buttons] == list(views)
+    top = max(v.max() for v in views.values())
+    for button, (name, link_bytes) in zip(menu.buttons, views.items(), strict=True):
+        assert button.method == "update"
+        restyle, relayout, indices = button.args
+        assert [fig.data[i].meta for i in indices].count("links") == 1
+        (arrows,) = [k for k, i in enumerate(indices) if fig.data[i].meta == "links"]
+        for row in restyle["customdata"][arrows]:
+            assert row[3] == pytest.approx(link_bytes[int(row[0]), int(row[1]), int(row[2])])
+        assert len(restyle["customdata"][arrows]) == topo.num_links
+        assert restyle["marker.color"][arrows] == pytest.approx(
+            [row[3] for row in restyle["customdata"][arrows]])
+        assert relayout["title.text"].endswith(f"— {name}")
+        assert relayout["coloraxis.cmax"] == pytest.approx(top)  # one scale for all views
+        json.dumps(button.args)  # plain JSON, as the exported page needs
+    first = _link_rows(fig)
+    assert all(v[0] == pytest.approx(views["all collectives"][k]) for k, v in first.items())
+    listed = [any("collectives:" in h for hover in b.args[0]["hovertext"] if hover for h in hover)
+              for b in menu.buttons]
+    assert listed == [True, False, False, False]  # users given for the total view only
+
+
+def test_explorer_widget_follows_its_dropdowns():
+    topo = az.Topology.simulated((4, 4), wrap=(True, True))
+    views = {}
+    for label, placement in [("compact", topo.device_grid().ravel()),
+                             ("shuffled", _placement(topo))]:
+        for name, link_bytes in viz.collective_views(_collectives(), topo, placement).items():
+            views[("cfg2-uly8", label, name)] = link_bytes
+    views[("uly16", "compact", "all collectives")] = 2 * views[("cfg2-uly8", "compact", "ag")]
+    explorer = viz.heatmap_explorer_widget(topo, views)
+
+    dropdowns = explorer.dropdowns
+    assert list(dropdowns) == ["candidate", "placement", "collective"]
+    assert explorer.selection == ("cfg2-uly8", "compact", "all collectives")
+    assert dropdowns["collective"].options == ("all collectives", "ag", "ar",
+                                               "collective-permute")
+
+    def shown() -> dict:
+        return {k: v[0] for k, v in _link_rows(explorer.figure).items()}
+
+    dropdowns["placement"].value = "shuffled"
+    dropdowns["collective"].value = "ar"
+    assert explorer.selection == ("cfg2-uly8", "shuffled", "ar")
+    target = views[("cfg2-uly8", "shuffled", "ar")]
+    assert all(size == pytest.approx(target[k]) for k, size in shown().items())
+    bundle = explorer.output.outputs[0]["data"]
+    assert bundle["application/vnd.plotly.v1+json"]["layout"]["title"]["text"].endswith(
+        "cfg2-uly8 / shuffled / ar")
+
+    dropdowns["candidate"].value = "uly16"  # narrows the later dropdowns to what exists
+    assert dropdowns["placement"].options == ("compact",)
+    assert explorer.selection == ("uly16", "compact", "all collectives")
+    target = views[("uly16", "compact", "all collectives")]
+    assert all(size == pytest.approx(target[k]) for k, size in shown().items())
+    assert len(explorer.output.outputs) == 1
+    assert "application/vnd.jupyter.widget-view+json" in explorer._repr_mimebundle_()
+    with pytest.raises(az.AoizoraError, match="levels"):
+        viz.heatmap_explorer_widget(topo, {("a", "b"): target})
+
+
+def test_show_publishes_plotly_json_and_html_without_plotlyjs(monkeypatch):
+    import IPython.display
+
+    topo = az.Topology.simulated((4, 4), wrap=(True, True))
+    link_bytes, users = viz.link_bytes_by_collective(_collectives(), topo)
+    fig = viz.torus_heatmap(topo, link_bytes, collectives_by_link=users)
+    published = []
+    monkeypatch.setattr(IPython.display, "display",
+                        lambda obj, raw=False: published.append((obj, raw)))
+    viz.show(fig)
+
+    ((bundle, raw),) = published
+    assert raw is True
+    assert set(bundle) == {"application/vnd.plotly.v1+json", "text/html", "text/plain"}
+    spec = bundle["application/vnd.plotly.v1+json"]
+    json.dumps(spec)
+    assert len(spec["data"]) == len(fig.data)
+    html = bundle["text/html"]
+    assert "Plotly.newPlot" in html
+    assert "<script src=" not in html and "cdn" not in html.lower()
+    assert "plotly.js v" not in html and len(html) < 400_000  # plotly.js is not inlined
+    # The page's Plotly.newPlot call carries exactly the figure's traces.
+    call = html[html.index("Plotly.newPlot(") + len("Plotly.newPlot("):]
+    data, _ = json.JSONDecoder().raw_decode(call[call.index(",") + 1:].lstrip())
+    assert data == spec["data"]
+    (arrows,) = [t for t in data if t.get("meta") == "links"]
+    assert arrows["hovertext"] == list(_traces(fig, "links")[0].hovertext)
+    assert arrows["customdata"][0][3] == pytest.approx(link_bytes[0, 0, PLUS])
+    assert bundle["text/plain"] == f"<plotly figure: {fig.layout.title.text}>"
