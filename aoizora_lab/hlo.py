@@ -82,21 +82,21 @@ class CommProgram:
     """What the parser could not be sure of (e.g. a loop without a known trip count)."""
     sites: tuple[CollectiveSite, ...] = ()
     """One per collective, in the same order."""
-    ops: tuple[tuple[float, float, int], ...] = ()
-    """(FLOPs, HBM bytes, runs per step) of every top-level compute op (fusion, convolution,
-    dot, custom call) on one device."""
+    ops: tuple[tuple[float, float, int, int], ...] = ()
+    """(FLOPs, HBM bytes, runs per step, trips of the outermost loop around it or 0) of every
+    top-level compute op (fusion, convolution, dot, custom call) on one device."""
 
     @property
     def flops(self) -> float:
         """FLOPs per device per step: dots and convolutions from shapes, attention kernels
         (splash) from their operand shapes."""
-        return sum(f * runs for f, _, runs in self.ops)
+        return sum(f * runs for f, _, runs, _ in self.ops)
 
     def compute_seconds(self, chip: ChipSpec) -> float:
         """Per-device compute time: each op at its roofline ``max(FLOPs / peak, bytes / HBM
         bandwidth)``, one after the other."""
         return sum(runs * max(f / chip.peak_bf16_flops, b / chip.hbm_bandwidth)
-                   for f, b, runs in self.ops)
+                   for f, b, runs, _ in self.ops)
 
     def to_frame(self) -> pd.DataFrame:
         """One row per HLO collective: kind, bytes, count, group_size, num_groups, name,
@@ -117,7 +117,8 @@ class CommProgram:
         """Scale collectives of the outermost loop of ``compiled_trips`` to ``full_trips``.
 
         For a model compiled with fewer layers than it has (the layer ``scan``): collectives
-        in that loop run ``full_trips / compiled_trips`` times as often; the rest do not change.
+        and compute ops in that loop run ``full_trips / compiled_trips`` times as often; the
+        rest do not change.
         """
         if not any(site.loops[:1] == (compiled_trips,) for site in self.sites):
             raise AoizoraError(
@@ -130,7 +131,10 @@ class CommProgram:
             for c, site in zip(self.collectives, self.sites, strict=True))
         sites = tuple(dataclasses.replace(s, loops=(full_trips, *s.loops[1:]))
                       if s.loops[:1] == (compiled_trips,) else s for s in self.sites)
-        return dataclasses.replace(self, collectives=collectives, sites=sites)
+        ops = tuple((f, b, runs * full_trips // compiled_trips, full_trips)
+                    if outer == compiled_trips else (f, b, runs, outer)
+                    for f, b, runs, outer in self.ops)
+        return dataclasses.replace(self, collectives=collectives, sites=sites, ops=ops)
 
     @property
     def total_bytes(self) -> float:
@@ -190,7 +194,7 @@ def parse_hlo(text: str, num_devices: int | None = None) -> CommProgram:
                                         ins.op.endswith("-start") or comp_name in fused))
     devices = num_devices or 1 + max((c.max_device_id for c in collectives), default=0)
     return CommProgram(tuple(collectives), devices, tuple(dict.fromkeys(notes)), tuple(sites),
-                       _compute_ops(computations, runs))
+                       _compute_ops(computations, runs, loops))
 
 
 # ----------------------------------------------------------------------------- structure
@@ -421,9 +425,10 @@ def _own_flops(ins: _Instruction, types: dict[str, str]) -> float:
     return 0.0
 
 
-def _compute_ops(computations: dict[str, list[_Instruction]],
-                 runs: dict[str, int]) -> tuple[tuple[float, float, int], ...]:
-    """(FLOPs, bytes, runs) of every compute op outside fused computations."""
+def _compute_ops(computations: dict[str, list[_Instruction]], runs: dict[str, int],
+                 loops: dict[str, tuple[int, ...]]
+                 ) -> tuple[tuple[float, float, int, int], ...]:
+    """(FLOPs, bytes, runs, outermost loop trips) of every compute op outside fusions."""
     fused = {callee for instructions in computations.values() for ins in instructions
              if ins.op == "fusion" for role, callee in _callees(ins) if role == "calls"}
     types = {name: {i.name: i.type for i in instructions}
@@ -453,5 +458,5 @@ def _compute_ops(computations: dict[str, list[_Instruction]],
             if not any(holds_collective(c) for c in callees):  # collective bytes: ICI model
                 moved = _array_bytes(ins.type) + sum(_array_bytes(types[name].get(o, ""))
                                                      for o in ins.operands())
-            ops.append((flops, moved, runs[name]))
+            ops.append((flops, moved, runs[name], (loops.get(name) or (0,))[0]))
     return tuple(ops)

@@ -66,8 +66,7 @@ def predict(program: CommProgram, topology: Topology, placement: Placement | Any
             if s.asynchronous]
     sync_s = estimate(sync, topology, placement, chip=chip).seconds if sync else 0.0
     async_s = estimate(asyn, topology, placement, chip=chip).seconds if asyn else 0.0
-    return Predicted(float(compute), float(sync_s + async_s),
-                     float(compute + sync_s + max(0.0, async_s - compute)))
+    return Predicted.overlapped(compute, sync_s, async_s)
 
 
 def breakdown(program: CommProgram, topology: Topology, placement: Placement) -> pd.DataFrame:

@@ -15,6 +15,10 @@ Rules, applied to every candidate in order (the first that applies decides):
 5. The ``keep`` best candidates by estimate that fit are always kept, whatever rules 2-4 say,
    so a poor estimate can never empty the compile queue.
 
+Estimates apply the overlap rule, so when every collective hides behind compute many
+candidates tie; estimates equal to 3 significant digits are ranked by their communication
+estimate (the overlap rule is optimistic: less traffic is the safer bet).
+
 A candidate whose trace fails is dropped with the error as its reason; the sweep goes on.
 Example (Wan 2.1 14B at 720p on ``v5e:4x4``): ``cfg2-tp8`` has a lower bound of 6.0 s while
 ``cfg2-uly8-fsdp`` is estimated at 7.6 s, so rule 2 spares it (6.0 < 1.25 x 7.6), but its
@@ -93,9 +97,9 @@ def prune(candidates: Sequence[Candidate], workload: Workload, topology: Topolog
                   f"(parameters + largest activation) > {usable / GiB:.2f} GiB usable HBM",
         axis=1)
     if fits.any():
-        best = table[fits].sort_values("estimate_s").iloc[0]
+        ranked = _ranked(table[fits]).index
+        best = table.loc[ranked[0]]
         best_s = best["estimate_s"]
-        ranked = table[fits].sort_values("estimate_s").index
         for i in table[fits].index:
             row = table.loc[i]
             if i in ranked[:keep]:
@@ -115,4 +119,12 @@ def prune(candidates: Sequence[Candidate], workload: Workload, topology: Topolog
             else:
                 table.loc[i, "reason"] = (f"kept: estimate within {1 + estimate_margin:g} x "
                                           "the best")
-    return table.sort_values("estimate_s", na_position="last").reset_index(drop=True)
+    return pd.concat([_ranked(table[traced]), table[~traced]]).reset_index(drop=True)
+
+
+def _ranked(table: pd.DataFrame) -> pd.DataFrame:
+    """Best estimate first; estimates equal to 3 significant digits go to less communication."""
+    tie = table["estimate_s"].map(lambda v: float(f"{v:.3g}"))
+    order = pd.DataFrame({"tie": tie, "comm": table["comm_estimate_s"]}).sort_values(
+        ["tie", "comm"], kind="stable").index
+    return table.loc[order]

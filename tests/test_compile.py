@@ -68,6 +68,8 @@ def test_folded_layers_give_the_full_depth_program(host, tmp_path):
         folded_rows = sorted(map(tuple, folded.program.to_frame()[key].to_numpy()))
         assert folded_rows == full_rows, candidate.name
         assert folded.program.total_bytes == full.program.total_bytes
+        # Compute in the layer loop scales too (the ops outside it are the same in both).
+        assert folded.program.flops == pytest.approx(full.program.flops, rel=1e-9)
 
 
 def test_simulated_slices_and_bad_depths_are_refused(tmp_path):
