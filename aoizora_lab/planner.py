@@ -54,6 +54,8 @@ class PlanResult:
     """Top placements of every compiled candidate, best first: the ranking."""
     baselines: pd.DataFrame
     best: Plan
+    programs: dict[str, CommProgram]
+    """The compiled program of every candidate that compiled (baselines' included), by name."""
 
 
 def predict(program: CommProgram, topology: Topology, placement: Placement | Any) -> Predicted:
@@ -135,7 +137,9 @@ def plan(workload: Workload, topology: Topology, *, keep: int = 3, budget: int =
                                       executor, timeout_s, best)
     stage("baselines")
     progress.close()
-    return PlanResult(table, pruning, _compiled_frame(compiled), ranking, baseline_table, best)
+    programs = {name: r.program for name, r in by_name.items() if r.status == "ok"}
+    return PlanResult(table, pruning, compiled_table(compiled), ranking, baseline_table, best,
+                      programs)
 
 
 def _compile(candidates: list[Candidate], workload: Workload, topology: Topology,
@@ -145,7 +149,8 @@ def _compile(candidates: list[Candidate], workload: Workload, topology: Topology
                               cache_dir=cache_dir, timeout_s=timeout_s, num_layers=num_layers)
 
 
-def _compiled_frame(compiled: list[CompiledCandidate]) -> pd.DataFrame:
+def compiled_table(compiled: list[CompiledCandidate]) -> pd.DataFrame:
+    """One row per compile: status, whether cached, seconds, peak HBM, collective bytes."""
     return pd.DataFrame([{
         "candidate": r.candidate.name, "status": r.status, "cached": r.cached,
         "compile_s": r.compile_seconds, "peak_gib": r.memory.get("peak", np.nan) / 2**30,

@@ -196,6 +196,47 @@ def _check_library_parameters(parameters: Mapping[str, Any]) -> None:
                  frames=parameters.get("frames", 81))
 
 
+@dataclass(frozen=True, eq=False)
+class NotebookInputs:
+    """What a notebook's parameters mean to the library."""
+
+    workload: Any
+    """The :class:`~aoizora_lab.Workload` (model, video size, frames)."""
+    topology: Any
+    """The :class:`~aoizora_lab.Topology` of the slice (deviceless TPU devices off a TPU VM)."""
+    layers: int | None
+    """Layers each candidate is compiled with (the layer loop is scaled to the full depth);
+    ``None`` compiles the full depth."""
+    budget: int
+    """Placement evaluations per compiled candidate."""
+
+
+def notebook_inputs(*, model: Any, size: Any, frames: Any, topology: Any, layers: Any = None,
+                    budget: Any = 20_000) -> NotebookInputs:
+    """Check a notebook's parameters as papermill injected them and build the library values.
+
+    Example: ``notebook_inputs(model="wan2.1-t2v-14b", size=[1280, 720], frames=81,
+    topology="v5e:4x4", layers=2)``. A bad value raises :class:`AoizoraError` naming it and
+    what is accepted (papermill itself only warns, and turns a tuple ``size`` into a string).
+    """
+    from aoizora_lab.topology import Topology
+    from aoizora_lab.workload import Workload
+
+    _check_library_parameters({"model": model, "size": size, "frames": frames,
+                               "topology": topology})
+    workload = Workload(model=model, width=size[0], height=size[1], frames=frames)
+    depth = workload.config().num_layers
+    if layers is not None and not (isinstance(layers, int) and not isinstance(layers, bool)
+                                   and 2 <= layers <= depth):
+        raise AoizoraError(
+            f"layers={layers!r}: compile 2..{depth} layers of {model} (the layer loop is scaled "
+            "to the full depth), or None for the full depth.")
+    if not (isinstance(budget, int) and not isinstance(budget, bool) and budget >= 0):
+        raise AoizoraError(f"budget={budget!r} must be a whole number of placement "
+                           "evaluations >= 0, e.g. 20000.")
+    return NotebookInputs(workload, Topology.from_name(topology), layers, budget)
+
+
 def load_matrix(path: str | Path = DEFAULT_MATRIX) -> list[ReportSpec]:
     """The reports of the YAML matrix at ``path``, validated.
 

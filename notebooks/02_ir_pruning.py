@@ -1,0 +1,98 @@
+# ---
+# jupyter:
+#   jupytext:
+#     cell_metadata_filter: tags,-all
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+# ---
+
+# %% [markdown]
+# # 2 · IR estimates and pruning: compile only what could win
+#
+# Compiling one candidate with the real TPU compiler takes tens of seconds; a slice has dozens
+# of valid candidates. Before compiling, the workbench *traces* each candidate (no devices, no
+# compile: a fraction of a second) and reads the traced program:
+#
+# - FLOPs and HBM bytes of every matmul and attention kernel, per device;
+# - parameter bytes per device and the largest activation: a memory floor;
+# - the collectives the sharding implies (all-gathers where a sharding is removed,
+#   all-to-alls where it moves between dimensions, all-reduces of partial sums).
+#
+# From these it derives a **lower bound** (compute at peak, every collective at the full
+# bandwidth of all links of a chip: nothing can beat it) and a quick **estimate** (typical
+# efficiencies, collectives priced by the topology-aware ICI model). Both apply the planner's
+# *overlap rule*: collectives the TPU compiler runs asynchronously (weight and K/V
+# all-gathers, ring permutes) hide behind compute up to its length; all-to-alls and tensor
+# parallel all-reduces add.
+
+# %% tags=["parameters"]
+model = "wan2.1-t2v-1.3b"
+size = [832, 480]
+frames = 81
+topology = "v5e:2x4"
+
+# %%
+from IPython.display import Markdown, display
+
+from aoizora_lab import viz
+from aoizora_lab.candidates import candidates_from_table, default_attention, explain_candidates
+from aoizora_lab.hardware import chip_spec
+from aoizora_lab.prune import prune
+from aoizora_lab.reports import notebook_inputs, record
+
+inputs = notebook_inputs(model=model, size=size, frames=frames, topology=topology)
+workload, slice_ = inputs.workload, inputs.topology
+candidates = candidates_from_table(explain_candidates(workload, slice_),
+                                   default_attention(slice_))
+table = prune(candidates, workload, slice_)
+chip = chip_spec(slice_.generation)
+display(Markdown(f"Traced **{len(candidates)}** valid candidates of {workload.name} on "
+                 f"{slice_.name}; usable HBM per chip {chip.hbm_usable_bytes / 2**30:.2f} GiB."))
+
+# %% [markdown]
+# ## The rules
+#
+# Applied in order; the first that applies decides:
+#
+# 1. **cannot fit** — parameters plus the largest activation exceed a chip's usable HBM;
+# 2. **cannot win** — its *lower bound* is more than 25 % above the best *estimate*;
+# 3. **unlikely to win** — its estimate is more than 10 % above the best estimate;
+# 4. **over the compile budget** — beyond the best quarter of all candidates;
+# 5. the three best estimates that fit are always kept, so a poor estimate never empties the
+#    compile queue.
+#
+# Ties (estimates equal to three significant digits, as when every collective hides behind
+# compute) go to the candidate with less communication: the overlap rule is optimistic.
+
+# %%
+columns = ["candidate", "keep", "estimate_s", "lower_bound_s", "compute_estimate_s",
+           "comm_estimate_s", "comm_gb_per_device", "memory_lower_bound_gib", "reason"]
+display(table[columns].round(4))
+
+# %%
+import plotly.express as px
+
+traced = table.dropna(subset=["estimate_s"]).copy()
+traced["decision"] = traced["reason"].str.split(":").str[0]
+figure = px.scatter(traced, x="lower_bound_s", y="estimate_s", color="decision",
+                    symbol="keep", hover_name="candidate",
+                    hover_data={"comm_gb_per_device": ":.2f", "reason": True},
+                    title="IR estimate vs lower bound per candidate (kept ones compile next)")
+figure.update_layout(xaxis_title="lower bound (s)", yaxis_title="estimate (s)")
+viz.show(figure)
+
+# %% [markdown]
+# Candidates far to the right cannot win even with a perfect placement; the kept ones sit
+# at the bottom. Communication that the overlap rule hides still matters when compute is
+# short, so the next notebook compiles the survivors and reads what the compiler really did.
+
+# %%
+kept = table[table["keep"]]
+record("traced_candidates", len(candidates))
+record("kept_candidates", len(kept))
+record("best_estimate_candidate", str(kept.iloc[0]["candidate"]))
+record("best_estimate_s", float(kept.iloc[0]["estimate_s"]))

@@ -1,0 +1,111 @@
+# ---
+# jupyter:
+#   jupytext:
+#     cell_metadata_filter: tags,-all
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+# ---
+
+# %% [markdown]
+# # 5 · Realise the plan, export it, compile it — and time it on a TPU VM
+#
+# A plan is only useful if it runs on the ordinary JAX path. The winner becomes
+#
+# - a `jax.sharding.Mesh` whose device array is the placement's device order,
+# - a `NamedSharding` for every weight and input,
+# - a portable JSON plan file (the placement stored as physical chip coordinates, so it moves
+#   between VMs of the same slice shape),
+#
+# and compiling it must give exactly the collectives the ranking scored.
+
+# %% tags=["parameters"]
+model = "wan2.1-t2v-1.3b"
+size = [832, 480]
+frames = 81
+topology = "v5e:2x4"
+layers = 2
+budget = 20000
+plan_file = ""
+
+# %% [markdown]
+# `plan_file` is where to write the plan JSON (empty: a temporary file, shown below).
+
+# %%
+import json
+import tempfile
+from pathlib import Path
+
+import jax
+from IPython.display import Markdown, display
+
+from aoizora_lab.hlo import parse_hlo
+from aoizora_lab.planner import plan
+from aoizora_lab.realize import Plan
+from aoizora_lab.reports import notebook_inputs, record
+
+inputs = notebook_inputs(model=model, size=size, frames=frames, topology=topology,
+                         layers=layers, budget=budget)
+workload, slice_ = inputs.workload, inputs.topology
+best = plan(workload, slice_, num_layers=inputs.layers, budget=inputs.budget).best
+mesh = best.mesh()
+display(Markdown(f"**{best.candidate.name}** on {slice_.name}: mesh axes "
+                 f"`{dict(mesh.shape)}`, placement *{best.placement.description}*."))
+print("Device ids in mesh order:")
+print(jax.numpy.asarray([[d.id for d in row] for row in mesh.devices.reshape(
+    mesh.devices.shape[0], -1)]))
+
+# %% [markdown]
+# ## The plan file
+
+# %%
+path = Path(plan_file) if plan_file else Path(tempfile.mkdtemp()) / "plan.json"
+best.to_json(path)
+payload = json.loads(path.read_text())
+print(json.dumps({k: v for k, v in payload.items() if k != "coords"}, indent=1))
+print("coords of logical devices 0..3:", payload["coords"][:4])
+loaded = Plan.from_json(path, slice_)
+assert loaded.placement.order == best.placement.order
+
+# %% [markdown]
+# ## Compile the realised plan
+#
+# Compile the step under the plan's mesh and shardings (deviceless when this
+# machine has no TPU; `layers` deep, the layer loop scaled as in notebook 3) and compare
+# its collectives with the ones the ranking scored.
+
+# %%
+compiled = best.compile(num_layers=inputs.layers)
+program = parse_hlo(compiled.as_text())
+if inputs.layers:
+    program = program.fold_loop(inputs.layers, workload.config().num_layers)
+key = ["kind", "bytes", "count", "group_size", "num_groups"]
+realised = sorted(map(tuple, program.to_frame()[key].to_numpy()))
+scored = sorted(map(tuple, best.program.to_frame()[key].to_numpy()))
+same = realised == scored
+display(Markdown(f"Realised plan's collectives {'match' if same else '**differ from**'} "
+                 f"the scored program ({len(realised)} collectives)."))
+
+# %% [markdown]
+# ## Timing
+#
+# Predictions rank plans; only TPU devices can time them. On a TPU VM (`jax.devices()`
+# returns TPU devices) run this notebook there: the plan, its baselines and the ICI
+# calibration are measured against the live slice.
+
+# %%
+platform = jax.devices()[0].platform
+if platform == "tpu":
+    print("TPU devices found: time the plan with the measurement tools of the workbench.")
+else:
+    display(Markdown(f"**Timing needs TPU devices.** This kernel sees `{platform}` devices "
+                     "only, so the numbers above are predictions from the compiled program "
+                     "and the ICI model, not measurements."))
+
+# %%
+record("plan_candidate", best.candidate.name)
+record("realised_collectives_match", bool(same))
+record("platform", platform)
