@@ -8,13 +8,13 @@ import os
 import re
 import shutil
 import struct
-import subprocess
 from importlib import resources
 from pathlib import Path
 
 import nbformat
 import numpy as np
 import pytest
+from browser import CHROMIUM, chromium, js_errors
 from nbformat.v4 import new_code_cell, new_notebook, new_output
 
 from aoizora_lab.cli import main
@@ -32,7 +32,6 @@ from aoizora_lab.reports import (
 
 DATA = Path(__file__).parent / "data"
 REPO = Path(__file__).parent.parent
-CHROMIUM = Path("/usr/bin/chromium")
 # Anything a page would fetch from the network: scripts, stylesheets, modules.
 EXTERNAL = re.compile(r"""<(?:script|link)\b[^>]*(?:src|href)\s*=\s*["']?(?:https?:)?//""", re.I)
 
@@ -287,21 +286,6 @@ def test_cli_runs_the_matrix_and_exits_with_the_number_of_failures(tmp_path, mon
 
 
 # ---- the page in a browser, offline ----------------------------------------------------------
-
-def chromium(tmp_path, url, *flags):
-    """Headless Chromium with every network request failing; returns (stdout, stderr)."""
-    done = subprocess.run(
-        [str(CHROMIUM), "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
-         f"--user-data-dir={tmp_path / 'profile'}", "--proxy-server=127.0.0.1:9",
-         "--host-resolver-rules=MAP * ~NOTFOUND", "--virtual-time-budget=10000",
-         "--enable-logging=stderr", "--v=0", *flags, url],
-        capture_output=True, text=True, timeout=120, check=False)
-    return done.stdout, done.stderr
-
-
-def js_errors(stderr):
-    return [line for line in stderr.splitlines() if "Uncaught" in line]
-
 
 @pytest.mark.slow
 @pytest.mark.skipif(not os.access(CHROMIUM, os.X_OK),
