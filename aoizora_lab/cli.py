@@ -14,6 +14,9 @@ random permutation), so a reader sees at once that placement matters.
 ``aoizora-lab reports`` runs the notebooks headless for every report of ``data/reports.yaml``
 into ``reports/`` (HTML pages and ``index.html``); its exit status is the number of notebooks
 that failed (at most 125).
+
+``aoizora-lab bench [--quick] [--out reports/benchmarks.md]`` runs the benchmarks (plan quality,
+search cost, placement throughput; :mod:`aoizora_lab.bench`) and writes their Markdown report.
 """
 
 from __future__ import annotations
@@ -135,6 +138,23 @@ def _reports_command(args: argparse.Namespace) -> int:
     return min(result.failed, 125)  # exit statuses above 125 mean something else to shells
 
 
+def _bench_command(args: argparse.Namespace) -> int:
+    from aoizora_lab.bench import run_all
+
+    flags = [("--quick", args.quick), (f"--out {args.out}", args.out != "reports/benchmarks.md"),
+             (f"--only {' '.join(args.only or [])}", bool(args.only)),
+             (f"--num-layers {args.num_layers}", args.num_layers is not None),
+             ("--skip-exhaustive", args.skip_exhaustive)]
+    command = " ".join(["aoizora-lab bench", *(flag for flag, used in flags if used)])
+    path = run_all(quick=args.quick, out=args.out, only=args.only, num_layers=args.num_layers,
+                   skip_exhaustive=args.skip_exhaustive, cache_dir=args.cache_dir,
+                   command=command,
+                   progress=None if args.quiet else lambda m: print(m, file=sys.stderr))
+    print(path.read_text())
+    print(f"report written to {path}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``aoizora-lab``."""
     parser = argparse.ArgumentParser(
@@ -190,6 +210,25 @@ def build_parser() -> argparse.ArgumentParser:
                      help="installed kernelspec to run (default: this interpreter)")
     rep.add_argument("--quiet", action="store_true", help="no progress bars")
     rep.set_defaults(run=_reports_command)
+    ben = commands.add_parser(
+        "bench", help="run the benchmarks (plan quality, search cost, placement throughput) "
+                      "and write their Markdown report")
+    ben.add_argument("--quick", action="store_true",
+                     help="one small workload (1.3B@480p on v5e:2x4) compiled at 2 layers, "
+                          "2,000 placement evaluations")
+    ben.add_argument("--out", default="reports/benchmarks.md", help="the report to write")
+    ben.add_argument("--only", nargs="+",
+                     choices=["plan-quality", "search-cost", "placement-throughput"],
+                     help="run only these benchmarks")
+    ben.add_argument("--num-layers", type=int, default=None,
+                     help="compile depth (default: full, or 2 with --quick)")
+    ben.add_argument("--skip-exhaustive", action="store_true",
+                     help="search cost without the exhaustive comparison")
+    ben.add_argument("--cache-dir", default=None,
+                     help="compile cache (default data/cache/compile; search cost always "
+                          "starts from an empty one)")
+    ben.add_argument("--quiet", action="store_true", help="no progress lines")
+    ben.set_defaults(run=_bench_command)
     return parser
 
 

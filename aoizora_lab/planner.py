@@ -107,10 +107,8 @@ def plan(workload: Workload, topology: Topology, *, keep: int = 3, budget: int =
     for result in compiled:
         if result.status != "ok":
             continue
-        extra = [Placement(tuple(range(topology.num_devices)), "plain device order")]
-        if topology.devices is not None:
-            extra += [known.jax_default(result.candidate, topology),
-                      known.device_mesh_order(result.candidate.mesh_shape, topology)]
+        extra = [Placement(tuple(range(topology.num_devices)), "plain device order"),
+                 *_library_orders(result.candidate, topology)]
         found = search_placements(result.program, result.candidate.mesh_shape, topology,
                                   budget=budget, axis_names=result.candidate.axis_names,
                                   extra=extra)
@@ -142,6 +140,21 @@ def plan(workload: Workload, topology: Topology, *, keep: int = 3, budget: int =
                       programs)
 
 
+def _library_orders(candidate: Candidate, topology: Topology) -> list[Placement]:
+    """What ``jax.make_mesh`` and ``mesh_utils.create_device_mesh`` pick for ``candidate``,
+    where they accept its mesh (they refuse some shapes on some slices)."""
+    if topology.devices is None:
+        return []
+    orders = []
+    for build in (known.jax_default,
+                  lambda c, t: known.device_mesh_order(c.mesh_shape, t)):
+        try:
+            orders.append(build(candidate, topology))
+        except (NotImplementedError, ValueError, AssertionError):
+            continue
+    return orders
+
+
 def _compile(candidates: list[Candidate], workload: Workload, topology: Topology,
              num_layers: int | None, cache_dir: str | Path | None,
              executor: cf.Executor | None, timeout_s: float) -> list[CompiledCandidate]:
@@ -168,15 +181,18 @@ def _baselines(workload: Workload, topology: Topology,
     # logical-only: the best prediction of each compiled candidate on the plain order.
     logical = min((r for r in by_name.values() if r.status == "ok"),
                   key=lambda r: predict(r.program, topology, identity).total_s)
-    entries: list[tuple[str, Candidate, Placement]] = []
-    for name, build in (("maxdiffusion", known.maxdiffusion), ("xdit-usp", known.xdit_usp)):
+    builders = {
+        "maxdiffusion": lambda: known.maxdiffusion(workload, topology),
+        "xdit-usp": lambda: known.xdit_usp(workload, topology),
+        "jax-default": lambda: (best.candidate, known.jax_default(best.candidate, topology)),
+        "logical-only": lambda: (logical.candidate, identity),
+    }
+    entries: list[tuple[str, Candidate | None, Placement]] = []
+    for name in known.BASELINES:
         try:
-            entries.append((name, *build(workload, topology)))
+            entries.append((name, *builders[name]()))
         except Exception as err:  # a baseline that cannot be built is a row, not a crash
-            entries.append((name, None, Placement(tuple(range(topology.num_devices)),
-                                                  f"not built: {err}")))
-    entries.append(("jax-default", best.candidate, known.jax_default(best.candidate, topology)))
-    entries.append(("logical-only", logical.candidate, identity))
+            entries.append((name, None, Placement(identity.order, f"not built: {err}")))
     missing = [c for _, c, _ in entries if c is not None and c.name not in by_name]
     for result in _compile(missing, workload, topology, num_layers, cache_dir, executor,
                            timeout_s):

@@ -36,7 +36,7 @@ layers = 2
 
 # %%
 import pandas as pd
-from IPython.display import Markdown, display
+from IPython.display import display
 
 from aoizora_lab import viz
 from aoizora_lab.candidates import candidates_from_table, default_attention, explain_candidates

@@ -1,0 +1,55 @@
+"""Plan quality: the AoiZora Lab plan against every baseline, placement alone, the roofline.
+
+    python benchmarks/plan_quality.py [--matrix wan2.1-t2v-14b@720p/v5e:4x4 ...] \
+        [--num-layers 2] [--budget 20000] [--cache-dir DIR]
+
+For each workload x slice (default: ``aoizora_lab.bench.DEFAULT_MATRIX``) runs the planner
+(deviceless TPU compiles through the compile cache: the first run takes tens of minutes on
+2 cores, a second is warm) and prints the predicted one-step latency of the plan and of each
+baseline, the speedups, the placement-only gain and the compute roofline, then the targets.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Iterable
+from pathlib import Path
+
+from aoizora_lab import bench
+from aoizora_lab.bench import DEFAULT_MATRIX, Case, PlanQuality
+
+
+def run(cases: Iterable[Case] = DEFAULT_MATRIX, *, num_layers: int | None = None,
+        budget: int = 20_000, cache_dir: str | Path | None = None) -> PlanQuality:
+    """:func:`aoizora_lab.bench.plan_quality` (tables: ``summary``, ``baselines``, ``targets``)."""
+    return bench.plan_quality(cases, num_layers=num_layers, budget=budget, cache_dir=cache_dir,
+                              progress=print)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--matrix", nargs="+", metavar="WORKLOAD/SLICE", type=bench.parse_case,
+                        default=list(DEFAULT_MATRIX),
+                        help="cases, e.g. wan2.1-t2v-14b@720p/v5e:4x4 (default: issue 8's)")
+    parser.add_argument("--num-layers", type=int, default=None,
+                        help="compile this many layers and fold the layer loop (default: full)")
+    parser.add_argument("--budget", type=int, default=20_000,
+                        help="placement evaluations per candidate")
+    parser.add_argument("--cache-dir", default=None, help="compile cache (default: the repo's)")
+    args = parser.parse_args()
+
+    import pandas as pd
+
+    result = run(args.matrix, num_layers=args.num_layers, budget=args.budget,
+                 cache_dir=args.cache_dir)
+    with pd.option_context("display.width", 250, "display.max_columns", 40,
+                           "display.max_colwidth", 60):
+        print(result.summary.T.to_string(float_format=lambda v: f"{v:.4g}"))
+        print("\nBaselines (predicted seconds per step, same compiler and model):")
+        print(result.baselines.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+        print("\nTargets:")
+        print(result.targets.to_string(index=False))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,166 @@
+"""The benchmark scripts and the report, on tiny configurations (so they cannot rot)."""
+
+import importlib.util
+import math
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+import aoizora_lab as az
+from aoizora_lab import bench
+from aoizora_lab.baselines import BASELINES
+from aoizora_lab.cli import build_parser, main
+
+TINY = az.WanConfig(dim=64, ffn_dim=128, num_heads=8, num_layers=2, text_dim=32, text_len=8,
+                    freq_dim=32)
+WORKLOAD = az.Workload(model=TINY, height=32, width=48, frames=5, text_len=8)
+# 6 tokens, one pass: 7 valid candidates on 4 chips, so the exhaustive search stays short.
+SMALL = az.Workload(model=TINY, height=32, width=48, frames=1, text_len=8, cfg=False)
+EPS = 1e-9
+
+
+def script(name):
+    """Import ``benchmarks/<name>.py`` as a module."""
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"benchmark_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def slice_2x2():
+    return az.Topology.from_name("v5e:2x2", deviceless=True)
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("cache")
+
+
+@pytest.fixture(scope="module")
+def quality(slice_2x2, cache):
+    return script("plan_quality").run([(WORKLOAD, slice_2x2)], budget=300, cache_dir=cache)
+
+
+@pytest.fixture(scope="module")
+def cost(slice_2x2):
+    return script("search_cost").run([(SMALL, slice_2x2)], budget=300)
+
+
+@pytest.fixture(scope="module")
+def throughput(slice_2x2, cache):
+    return script("placement_throughput").run(
+        500, cases=[(slice_2x2, WORKLOAD, "cfg2-uly2")], cache_dir=cache)
+
+
+@pytest.mark.slow
+def test_plan_quality_compares_the_plan_with_every_baseline(quality):
+    row = quality.summary.iloc[0]
+    assert row["status"] == "ok", row["status"]
+    assert {f"{b}_s" for b in BASELINES} | {f"vs_{b}" for b in BASELINES} <= set(
+        quality.summary.columns)
+    speedups = row[[f"vs_{b}" for b in BASELINES]].astype(float).dropna()
+    assert len(speedups) >= 3  # maxdiffusion, jax-default and logical-only always score
+    assert (speedups >= 1 - EPS).all()  # the planner never picks worse than a baseline
+    assert row["best_baseline"] in BASELINES
+    assert row["vs_best_baseline"] == pytest.approx(speedups.min())
+    assert row["plan_s"] == pytest.approx(row[f"{row['best_baseline']}_s"] / speedups.min())
+    assert row["placement_gain_vs_plain"] > 0 and row["placement_gain_vs_make_mesh"] > 0
+    assert 0 < row["useful_tflops"] <= row["plan_tflops"] * (1 + EPS)
+    chip = az.chip_spec("v5e")
+    assert row["roofline_s"] == pytest.approx(row["useful_tflops"] * 1e12
+                                              / (4 * chip.peak_bf16_flops))
+    assert row["roofline_ratio"] >= 1 - EPS  # no prediction beats the roofline
+    assert row["bound"] in ("compute", "communication")
+    assert set(quality.targets["met"]) <= {"met", "missed", "n/a"}
+    assert len(quality.targets) == 2
+    assert set(quality.baselines["baseline"]) == {"aoizora-lab", *BASELINES}
+
+
+@pytest.mark.slow
+def test_search_cost_compares_pruned_and_exhaustive_search(cost):
+    row = cost.summary.iloc[0]
+    assert row["status"] == "ok" and row["exhaustive_status"] == "ok"
+    assert row["warm_all_cached"] and 0 < row["warm_s"] < row["cold_s"]
+    assert row["enumerated"] >= row["valid"] == row["ir_traced"] >= row["compiled"] >= 1
+    assert row["compiled_fraction"] == pytest.approx(row["compiled"] / row["valid"])
+    assert row["compile_s"] > 0 and row["exhaustive_compile_s"] >= row["compile_s"] * 0.5
+    assert row["regret_percent"] >= -EPS
+    assert row["exhaustive_best_s"] <= row["plan_s"] * (1 + EPS)
+    assert -1 <= row["kendall_tau"] <= 1
+    if row["top1_equal"]:
+        assert row["regret_percent"] == pytest.approx(0, abs=1e-6)
+    candidates = cost.candidates
+    assert len(candidates) == row["valid"]
+    assert candidates["kept"].sum() == row["compiled"]
+    assert candidates["best_total_s"].dropna().is_monotonic_increasing
+    assert set(cost.targets["met"]) <= {"met", "missed", "n/a"}
+    assert len(cost.targets) == 4
+
+
+@pytest.mark.slow
+def test_placement_throughput_scores_placements(throughput):
+    row = throughput.iloc[0]
+    assert row["status"] == "ok"
+    assert row["evaluated"] >= 500 and row["placements/s"] > 0
+    assert row["structures"] <= row["hlo collectives"]
+
+
+@pytest.mark.slow
+def test_bench_command_writes_the_report(quality, cost, throughput, slice_2x2, cache,
+                                         tmp_path, monkeypatch, capsys):
+    # The tiny case instead of the real matrix; the cache the fixtures filled keeps it short
+    # (search cost always starts cold, so its section is checked from the fixture's tables).
+    monkeypatch.setattr(bench, "QUICK_MATRIX", ((WORKLOAD, slice_2x2),))
+    monkeypatch.setattr(bench, "THROUGHPUT_CASES", ((slice_2x2, WORKLOAD, "cfg2-uly2"),))
+    out = tmp_path / "reports" / "benchmarks.md"
+    assert main(["bench", "--quick", "--out", str(out), "--cache-dir", str(cache), "--quiet",
+                 "--only", "plan-quality", "placement-throughput"]) == 0
+    text = out.read_text()
+    assert text.startswith("# AoiZora Lab benchmarks\n")
+    assert (f"`aoizora-lab bench --quick --out {out} --only plan-quality "
+            "placement-throughput`") in text
+    for heading in ("## Plan quality", "## Placement throughput"):
+        assert f"\n{heading}\n" in text
+    assert "**jax**: " in text and "**libtpu**: " in text and " cores, " in text
+    assert "| workload | slice | status | candidate |" in text and "custom@48x32x5" in text
+    assert "| target | value | met |" in text
+    assert capsys.readouterr().out.endswith(f"report written to {out}\n")
+    section = cost.markdown()
+    assert section.startswith("## Search cost\n") and "| regret 0 % |" in section
+    assert "\n## Search cost\n" in bench.render_report([quality.markdown(), section])
+
+
+def test_failed_cases_are_rows_not_crashes():
+    quality = bench.plan_quality([("wan2.1-t2v-14b@1080p", "v5e:2x2")])
+    assert quality.summary.iloc[0]["status"].startswith("error: AoizoraError")
+    assert quality.targets.iloc[0]["met"] == "missed"
+    assert "## Plan quality" in quality.markdown()
+    cost = bench.search_cost([("wan2.1-t2v-14b", "v5e:2x2")])
+    assert "MODEL@RESOLUTION" in cost.summary.iloc[0]["status"]
+    assert cost.targets.iloc[0]["met"] == "missed"
+    assert "did not run (no planner run)" in cost.markdown()
+
+
+def test_markdown_table_formats_numbers_and_escapes_cells():
+    frame = pd.DataFrame({"name": ["a | b", "c"], "seconds": [1.23456789, math.nan],
+                          "ok": [True, False], "count": [3, 40]})
+    assert bench.markdown_table(frame).splitlines() == [
+        "| name | seconds | ok | count |",
+        "|---|---:|---|---:|",
+        "| a \\| b | 1.235 | yes | 3 |",
+        "| c | – | no | 40 |",
+    ]
+
+
+def test_cases_and_the_bench_command_line():
+    assert bench.parse_case("wan2.1-t2v-14b@720p/v5e:4x4") == ("wan2.1-t2v-14b@720p", "v5e:4x4")
+    with pytest.raises(az.AoizoraError, match="MODEL@RESOLUTION/SLICE"):
+        bench.parse_case("wan2.1-t2v-14b@720p")
+    args = build_parser().parse_args(["bench", "--quick", "--out", "x.md"])
+    assert args.quick and args.out == "x.md" and not args.skip_exhaustive
+    with pytest.raises(az.AoizoraError, match="Unknown benchmarks"):
+        bench.run_all(only=["speed"])
+    assert ("wan2.1-t2v-14b@720p", "v5e:4x4") in bench.DEFAULT_MATRIX
