@@ -126,11 +126,13 @@ def _job(candidate: Candidate, workload: Workload, topology: Topology,
                      "wrap": list(topology.wrap), "generation": topology.generation,
                      "source": topology.source, "num_devices": topology.num_devices},
         "num_layers": num_layers or model.num_layers,
-        "versions": _versions(),
+        "versions": program_versions(),
     }
 
 
-def _versions() -> dict[str, str]:
+def program_versions(extra_sources: Sequence[str] = ()) -> dict[str, str]:
+    """jax / jaxlib / libtpu versions and a digest of the sources that shape the program
+    (plus ``extra_sources``, paths inside the package): what a cached result depends on."""
     versions = {}
     for package in ("jax", "jaxlib", "libtpu"):
         try:
@@ -139,7 +141,7 @@ def _versions() -> dict[str, str]:
             versions[package] = "absent"
     root = Path(__file__).resolve().parent
     digest = hashlib.sha256()
-    for source in _PROGRAM_SOURCES:
+    for source in (*_PROGRAM_SOURCES, *extra_sources):
         digest.update((root / source).read_bytes())
     versions["program_source"] = digest.hexdigest()[:16]
     return versions

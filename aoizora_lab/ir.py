@@ -35,13 +35,19 @@ behind compute up to its length, the others add.
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import json
 import math
+import os
 import re
+import tempfile
 import time
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import Any, Literal
 
 import jax
 import numpy as np
@@ -60,6 +66,7 @@ ASYNC_KINDS = ("all-gather", "collective-permute")
 14B@720p on v5e:4x4 and 1.3B@480p on v5e:2x4: 97-99 % of all-gather bytes (FSDP weights,
 context K/V) and every ring permute were ``*-start`` ops; every all-to-all and the tensor-
 parallel all-reduces synchronous); the IR applies the planner's overlap rule with them."""
+IR_CACHE_DIR = Path(__file__).resolve().parent.parent / "data" / "cache" / "ir"
 COMPUTE_EFFICIENCY = 0.6  # typical fraction of peak for large bf16 matmuls / splash on TPU
 HBM_EFFICIENCY = 0.8  # typical fraction of HBM bandwidth for streaming reads and writes
 _ATTENTION_KERNEL = re.compile(r"splash|flash|attention|mha", re.IGNORECASE)
@@ -473,12 +480,16 @@ def _reshape_spec(old_shape: Sequence[int], new_shape: Sequence[int], spec: Spec
 
 
 def estimate_ir(candidate: Candidate, workload: Workload, topology: Topology, *,
-                dtype: Any = None, num_layers: int | None = None) -> IREstimate:
+                dtype: Any = None, num_layers: int | None = None,
+                cache_dir: str | Path | Literal[False] | None = None) -> IREstimate:
     """Trace ``workload``'s denoise step under ``candidate`` and derive its bounds.
 
     Tracing uses an abstract mesh: no devices, no compile. ``num_layers`` estimates a
     shallower model of the same width (to compare with a compile of that depth). See the
-    module docstring for the lower bound and estimate.
+    module docstring for the lower bound and estimate. The counts of a trace are cached as
+    JSON under ``cache_dir`` (default ``data/cache/ir``; ``False``: no cache), keyed by the
+    candidate, the model, the workload, the dtype and the versions and sources they depend on;
+    the bounds are derived afresh for ``topology``.
     """
     import jax.numpy as jnp
 
@@ -486,6 +497,21 @@ def estimate_ir(candidate: Candidate, workload: Workload, topology: Topology, *,
     model = workload.config()
     if num_layers is not None:
         model = model.with_layers(num_layers)
+    entry = None
+    if cache_dir is not False:
+        from aoizora_lab.compile import program_versions
+
+        job = {"candidate": candidate.name, "attention": candidate.attention,
+               "model": dataclasses.asdict(model), "dtype": jnp.dtype(dtype).name,
+               "workload": {k: v for k, v in dataclasses.asdict(workload).items()
+                            if k != "model"},
+               "versions": program_versions(("ir.py",))}
+        key = hashlib.sha256(json.dumps(job, sort_keys=True).encode()).hexdigest()[:32]
+        entry = Path(cache_dir or IR_CACHE_DIR) / f"{key}.json"
+        cached = _read_counts(entry)
+        if cached is not None:
+            counts, trace_seconds = cached
+            return _bounds(candidate, counts, topology, trace_seconds)
     plan = candidate.plan()
     start = time.perf_counter()
     params = abstract_params(model, dtype)
@@ -500,7 +526,34 @@ def estimate_ir(candidate: Candidate, workload: Workload, topology: Topology, *,
     counts = count_jaxpr(closed, in_specs, sizes)
     counts.param_bytes = candidate.weight_bytes_per_device(model, dtype)
     trace_seconds = time.perf_counter() - start
+    if entry is not None:
+        _write_counts(entry, counts, trace_seconds)
     return _bounds(candidate, counts, topology, trace_seconds)
+
+
+def _write_counts(entry: Path, counts: IRCounts, trace_seconds: float) -> None:
+    """Write a trace's counts atomically (a temporary file renamed into place)."""
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    payload = {**dataclasses.asdict(counts), "trace_seconds": trace_seconds}
+    with tempfile.NamedTemporaryFile("w", dir=entry.parent, suffix=".tmp",
+                                     delete=False) as handle:
+        json.dump(payload, handle)
+    os.replace(handle.name, entry)
+
+
+def _read_counts(entry: Path) -> tuple[IRCounts, float] | None:
+    """A cached trace's counts and trace seconds, or ``None`` (a damaged entry is removed)."""
+    try:
+        payload = json.loads(entry.read_text())
+        trace_seconds = float(payload.pop("trace_seconds"))
+        collectives = [IRCollective(**{**c, "axes": tuple(c["axes"])})
+                       for c in payload.pop("collectives")]
+        return IRCounts(**payload, collectives=collectives), trace_seconds
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, TypeError, KeyError):
+        entry.unlink(missing_ok=True)
+        return None
 
 
 def _bounds(candidate: Candidate, counts: IRCounts, topology: Topology,

@@ -108,3 +108,29 @@ def test_reshape_carries_axes_to_the_major_dim(old, new, spec, expected):
     from aoizora_lab.ir import _reshape_spec
 
     assert _reshape_spec(old, new, spec) == expected
+
+
+def test_traces_are_cached_per_candidate_and_a_damaged_entry_is_retraced(tmp_path):
+    workload = az.Workload.preset("wan2.1-t2v-1.3b", "480p")
+    topology = az.Topology.simulated((2, 4))
+    candidate = Candidate.from_name("cfg2-uly4")
+    fresh = estimate_ir(candidate, workload, topology, cache_dir=False)
+    first = estimate_ir(candidate, workload, topology, cache_dir=tmp_path)
+    [entry] = tmp_path.glob("*.json")
+    again = estimate_ir(candidate, workload, topology, cache_dir=tmp_path)
+    for result in (first, again):
+        assert result.collectives == fresh.collectives
+        assert result.estimate_seconds == fresh.estimate_seconds
+    # The bounds are derived for the slice asked for, not read from the cache.
+    wrapped = estimate_ir(candidate, workload, az.Topology.simulated((2, 4), wrap=(True, True)),
+                          cache_dir=tmp_path)
+    assert wrapped.lower_bound_seconds == fresh.lower_bound_seconds
+    assert len(list(tmp_path.glob("*.json"))) == 1
+    entry.write_text(entry.read_text()[:40])  # truncated
+    repaired = estimate_ir(candidate, workload, topology, cache_dir=tmp_path)
+    assert repaired.collectives == fresh.collectives
+    assert entry.read_text().endswith("}")
+    other = estimate_ir(Candidate.from_name("cfg2-ring4"), workload, topology,
+                        cache_dir=tmp_path)
+    assert other.collectives != fresh.collectives
+    assert len(list(tmp_path.glob("*.json"))) == 2
