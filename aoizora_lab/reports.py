@@ -71,6 +71,8 @@ RECORD_MIMETYPE = "application/vnd.aoizora.record+json"
 DEFAULT_MATRIX = Path("data/reports.yaml")
 PLOTLY_ASSET = "assets/plotly.min.js"
 """Where the shared plotly.js goes, relative to the output folder (pages sit one level down)."""
+NOTEBOOK_CSS_ASSET = "assets/notebook.css"
+"""Where nbconvert's notebook style sheet goes: shared, so each page holds only its content."""
 
 Status = Literal["ok", "failed"]
 
@@ -91,6 +93,18 @@ _PAGE_TEMPLATE = """\
 {%- block jupyter_widgets -%}{%- endblock jupyter_widgets -%}
 {%- block html_head_js_mathjax -%}{%- endblock html_head_js_mathjax -%}
 {%- block html_head_js_mermaidjs -%}{%- endblock html_head_js_mermaidjs -%}
+{%- block notebook_css -%}
+<link rel="stylesheet" href="{{ resources.notebook_css_url }}">
+{%- endblock notebook_css -%}
+"""
+
+# Renders only the lab template's notebook style sheet (the <style> blocks pages link to).
+_CSS_TEMPLATE = """\
+{%- extends 'index.html.j2' -%}
+{%- block header -%}{{ self.notebook_css() }}{%- endblock header -%}
+{%- block body_header -%}{%- endblock body_header -%}
+{%- block body_footer -%}{%- endblock body_footer -%}
+{%- block footer -%}{%- endblock footer -%}
 """
 
 
@@ -380,7 +394,7 @@ def run_reports(specs: Sequence[ReportSpec], notebooks_dir: str | Path, out_dir:
                 f"{sorted(set().union(*declared.values()))}); fix the name in the matrix or "
                 "give the parameter a default in a notebook's parameters cell.")
         plan.append((spec, declared))
-    _copy_plotly_js(out_dir)
+    _write_assets(out_dir)
     runs: list[NotebookRun] = []
     for spec, declared in plan:
         folder = out_dir / spec.name
@@ -424,14 +438,30 @@ def _declared_parameters(path: Path) -> set[str]:
     return set()
 
 
-def _copy_plotly_js(out_dir: Path) -> None:
-    """Copy the installed plotly's ``plotly.min.js`` to ``out_dir/assets/plotly.min.js``."""
-    source = resources.files("plotly") / "package_data" / "plotly.min.js"
-    target = out_dir / PLOTLY_ASSET
-    content = source.read_bytes()
-    if not target.exists() or target.read_bytes() != content:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(content)
+def _write_assets(out_dir: Path) -> None:
+    """The files every page shares: the installed plotly's ``plotly.min.js`` and nbconvert's
+    notebook style sheet, under ``out_dir/assets/`` (rewritten only when they change)."""
+    plotly_js = (resources.files("plotly") / "package_data" / "plotly.min.js").read_bytes()
+    for asset, content in ((PLOTLY_ASSET, plotly_js),
+                           (NOTEBOOK_CSS_ASSET, _notebook_css().encode())):
+        target = out_dir / asset
+        if not target.exists() or target.read_bytes() != content:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(content)
+
+
+@functools.cache
+def _notebook_css() -> str:
+    """The CSS the lab template would inline in every page."""
+    import nbformat
+    from jinja2 import DictLoader
+    from nbconvert import HTMLExporter
+
+    exporter = HTMLExporter(template_name="lab",
+                            extra_loaders=[DictLoader({"aoizora_css.j2": _CSS_TEMPLATE})],
+                            template_file="aoizora_css.j2")
+    text, _ = exporter.from_notebook_node(nbformat.v4.new_notebook())
+    return "\n".join(re.findall(r"<style[^>]*>(.*?)</style>", text, re.S))
 
 
 def _run_notebook(report: str, source: Path, parameters: dict[str, Any], folder: Path, *,
@@ -548,13 +578,14 @@ def read_records(notebook: str | Path | nbformat.NotebookNode) -> dict[str, Any]
 
 
 def export_html(notebook: str | Path, page: str | Path, *,
-                plotly_js: str = f"../{PLOTLY_ASSET}") -> Path:
+                plotly_js: str = f"../{PLOTLY_ASSET}",
+                notebook_css: str = f"../{NOTEBOOK_CSS_ASSET}") -> Path:
     """Write an executed ``notebook`` as an offline HTML ``page``: prose and outputs, no code.
 
     Code cells show only their outputs (no input, no prompts). Papermill's ``parameters`` and
     ``injected-parameters`` cells become one line listing the parameters used; record outputs
-    are hidden. The page loads plotly.js from ``plotly_js`` (relative to the page) and nothing
-    from the network.
+    are hidden. The page loads plotly.js from ``plotly_js`` and its style sheet from
+    ``notebook_css`` (both relative to the page) and nothing from the network.
     """
     import nbformat
     from jinja2 import DictLoader
@@ -568,7 +599,7 @@ def export_html(notebook: str | Path, page: str | Path, *,
         template_file="aoizora_report.html.j2")
     nb = _for_readers(nbformat.read(notebook, as_version=4))
     body, _ = exporter.from_notebook_node(nb, resources={
-        "plotly_js_url": plotly_js,
+        "plotly_js_url": plotly_js, "notebook_css_url": notebook_css,
         "metadata": {"name": f"{notebook.stem} · {notebook.parent.name}"}})
     page.write_text(body, encoding="utf-8")
     return page

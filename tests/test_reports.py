@@ -205,6 +205,8 @@ def test_pages_show_outputs_without_code_and_load_only_the_shared_plotly_js(repo
     shared = out / "assets" / "plotly.min.js"
     plotly_js = (resources.files("plotly") / "package_data" / "plotly.min.js").read_bytes()
     assert shared.read_bytes() == plotly_js
+    css = (out / "assets" / "notebook.css").read_text()
+    assert ".jp-OutputArea" in css and "<style" not in css
     for run in result.runs:
         page = run.page.read_text()
         head = page[:page.index("</head>")]
@@ -212,6 +214,8 @@ def test_pages_show_outputs_without_code_and_load_only_the_shared_plotly_js(repo
         assert not EXTERNAL.findall(page), EXTERNAL.findall(page)
         assert "cdnjs" not in page and "unpkg" not in page and "require.js" not in page
         assert len(page) < len(plotly_js) / 8  # plotly.js is not inlined
+        assert 'href="../assets/notebook.css"' in head
+        assert "Jupyter Development Team" not in page  # nor nbconvert's style sheet
         assert "from aoizora_lab.reports import record" not in page  # no code cells
         assert "jp-InputPrompt jp-InputArea-prompt" not in page
         assert "recorded " not in page and RECORD_MIMETYPE not in page
