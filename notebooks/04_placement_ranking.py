@@ -44,7 +44,7 @@ budget = 20000
 # %%
 from IPython.display import Markdown, display
 
-from aoizora_lab import viz
+from aoizora_lab import baselines, viz
 from aoizora_lab.comm_model import estimate
 from aoizora_lab.placement import Placement
 from aoizora_lab.planner import plan
@@ -109,6 +109,23 @@ plain = Placement(tuple(range(slice_.num_devices)), "plain device order")
 plain_bytes = estimate(program, slice_, plain).link_bytes
 viz.show(viz.heatmap_comparison(slice_, plain_bytes, link_bytes, left_title="plain order",
                                 right_title="winning placement"))
+
+# %% [markdown]
+# ### Against MaxDiffusion's layout
+#
+# The MaxDiffusion baseline (CFG × context, K/V gathered, `create_device_mesh` order) on the
+# left, the plan on the right: different programs, so the picture shows both where the bytes
+# go and how many there are.
+
+# %%
+md_candidate, md_placement = baselines.maxdiffusion(workload, slice_)
+if md_candidate.name in result.programs:
+    md_bytes = estimate(result.programs[md_candidate.name], slice_, md_placement).link_bytes
+    viz.show(viz.heatmap_comparison(slice_, md_bytes, link_bytes,
+                                    left_title=f"maxdiffusion: {md_candidate.name}",
+                                    right_title=f"plan: {best.candidate.name}"))
+else:
+    print(f"The MaxDiffusion baseline {md_candidate.name} did not compile: see the table above.")
 
 # %% [markdown]
 # ## Breakdown of the winner
