@@ -197,6 +197,27 @@ def load_calibration(generation: str, calibration_dir: Path | None = None) -> di
     return {"path": str(path), "overrides": overrides}
 
 
+def save_calibration(generation: str, overrides: dict[str, float],
+                     calibration_dir: Path | str | None = None, **info: Any) -> Path:
+    """Write ``<calibration_dir>/<generation>.json`` as :func:`load_calibration` reads it.
+
+    ``overrides`` are checked against the defaults first (an unknown field or a value
+    :class:`ChipSpec` refuses is an error, never a file that breaks :func:`chip_spec` later);
+    ``info`` (fit error, slice, date) is stored beside them for people. The file is written
+    whole and renamed into place, so a reader never sees half of it.
+    """
+    generation = check_generation(generation)
+    _DEFAULTS[generation].replace(**overrides)
+    folder = Path(calibration_dir) if calibration_dir is not None else default_calibration_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{generation}.json"
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(json.dumps({**info, "generation": generation,
+                                   "overrides": dict(overrides)}, indent=1))
+    partial.replace(path)
+    return path
+
+
 def chip_spec(
     generation: str,
     *,

@@ -60,6 +60,15 @@ class Plan:
     breakdown: Any = field(default=None, repr=False)
     """Per-collective time and busiest link (a DataFrame), when known."""
 
+    def __post_init__(self) -> None:
+        sizes = {len(self.placement), self.topology.num_devices, self.candidate.num_devices}
+        if len(sizes) > 1:
+            raise AoizoraError(
+                f"Plan: candidate {self.candidate.name!r} spans {self.candidate.num_devices} "
+                f"devices, the placement {len(self.placement)} and {self.topology.name} "
+                f"{self.topology.num_devices}; all three must be equal."
+            )
+
     def mesh(self, devices: Any = None) -> Any:
         """The ``jax.sharding.Mesh``: the topology's devices (or ``devices``, same order as
         ``topology.coords``) in the placement's order, shaped like the candidate's mesh."""
@@ -105,7 +114,7 @@ class Plan:
 
     def to_json(self, path: str | Path) -> None:
         """Write the plan file (see the module docstring)."""
-        slots = _slots(self.topology)
+        slots = device_slots(self.topology)
         workload = dataclasses.asdict(self.workload)
         if not isinstance(self.workload.model, str):
             workload["model"] = dataclasses.asdict(self.workload.model)
@@ -120,44 +129,124 @@ class Plan:
 
     @classmethod
     def from_json(cls, path: str | Path, topology: Topology | None = None) -> Plan:
-        """Read a plan file; ``topology`` defaults to ``Topology.from_name(<its slice>)``."""
+        """Read a plan file; ``topology`` defaults to ``Topology.from_name(<its slice>)``.
+
+        Anything that is not a plan file this version wrote (not JSON, a missing key, a value
+        of the wrong type, a placement that is not a permutation of the slice's devices, a
+        candidate of another size) raises :class:`AoizoraError` naming the file and the value.
+        """
         try:
             payload = json.loads(Path(path).read_text())
         except (OSError, ValueError) as err:
             raise AoizoraError(f"Plan file {path} is not readable JSON: {err}") from err
+        if not isinstance(payload, dict):
+            raise AoizoraError(
+                f"Plan file {path} holds {type(payload).__name__} {str(payload)[:60]!r}, not a "
+                f"plan: a JSON object with keys {list(_PLAN_KEYS)}."
+            )
         if payload.get("version") != PLAN_SCHEMA_VERSION:
             raise AoizoraError(
                 f"Plan file {path} has schema version {payload.get('version')!r}; this "
                 f"AoiZora Lab reads version {PLAN_SCHEMA_VERSION}."
             )
-        topology = topology or Topology.from_name(payload["slice"])
-        if topology.name != payload["slice"]:
+        missing = [key for key in _PLAN_KEYS if key not in payload]
+        if missing:
             raise AoizoraError(
-                f"Plan file {path} is for slice {payload['slice']!r}, not {topology.name!r}."
+                f"Plan file {path} lacks key(s) {missing}; a plan file has {list(_PLAN_KEYS)} "
+                "(write one with Plan.to_json)."
             )
-        from aoizora_lab.models.wan import WanConfig
-
-        workload_fields = dict(payload["workload"])
-        if isinstance(workload_fields["model"], dict):
-            workload_fields["model"] = WanConfig(**workload_fields["model"])
-        index = {slot: device for device, slot in _slots(topology).items()}
+        for key, kind in _PLAN_KEYS.items():
+            if not isinstance(payload[key], kind):
+                raise AoizoraError(
+                    f"Plan file {path}: {key}={repr(payload[key])[:80]} must be a JSON "
+                    f"{_JSON_NAMES[kind]}; see the plan file format in aoizora_lab.realize."
+                )
         try:
-            order = tuple(index[(tuple(int(v) for v in c), int(k))] for c, k in
-                          zip(payload["coords"], payload["cores"], strict=True))
-        except (KeyError, TypeError, ValueError) as err:
+            topology = topology or Topology.from_name(payload["slice"])
+            if topology.name != payload["slice"]:
+                raise AoizoraError(f"it is for slice {payload['slice']!r}, not {topology.name!r}.")
+            workload = _workload_from_json(payload["workload"])
+            candidate = Candidate.from_name(payload["candidate"], attention=payload["attention"])
+            predicted = _predicted_from_json(payload["predicted"])
+            index = {slot: device for device, slot in device_slots(topology).items()}
+            try:
+                order = tuple(index[(tuple(int(v) for v in c), int(k))] for c, k in
+                              zip(payload["coords"], payload["cores"], strict=True))
+            except (KeyError, TypeError, ValueError) as err:
+                raise AoizoraError(
+                    f"a placement coordinate is not a chip of {topology.name} ({err}); coords "
+                    f"must list one [x, y{', z' if topology.ndim == 3 else ''}] chip and cores "
+                    "one core index per logical device."
+                ) from None
+            if len(order) != topology.num_devices:
+                raise AoizoraError(
+                    f"coords and cores place {len(order)} devices; {topology.name} has "
+                    f"{topology.num_devices}: list every device of the slice once."
+                )
+            try:
+                placement = Placement(order, "from " + str(path))
+            except AoizoraError as err:
+                raise AoizoraError(f"coords and cores: {err}") from None
+            return cls(workload=workload, topology=topology, candidate=candidate,
+                       placement=placement, predicted=predicted)
+        except AoizoraError as err:
+            raise AoizoraError(f"Plan file {path}: {err}") from None
+
+
+_PLAN_KEYS: dict[str, type] = {
+    "version": int, "workload": dict, "slice": str, "candidate": str, "attention": str,
+    "coords": list, "cores": list, "predicted": dict}
+"""The keys of a plan file and the JSON type of each."""
+_JSON_NAMES = {int: "integer", dict: "object", str: "string", list: "array"}
+
+
+def _workload_from_json(fields: dict[str, Any]) -> Workload:
+    """The plan file's ``workload`` object as a :class:`Workload` (model preset or config)."""
+    from aoizora_lab.models.wan import WanConfig
+
+    fields = dict(fields)
+    known = [f.name for f in dataclasses.fields(Workload)]
+    unknown = sorted(map(str, set(fields) - set(known)))
+    if unknown or "model" not in fields:
+        raise AoizoraError(
+            f"workload {str(fields)[:120]!r} must have the keys {known} (model, height, width "
+            f"required){f'; unknown: {unknown}' if unknown else ''}."
+        )
+    if isinstance(fields["model"], dict):
+        config_keys = [f.name for f in dataclasses.fields(WanConfig)]
+        unknown = sorted(map(str, set(fields["model"]) - set(config_keys)))
+        if unknown:
             raise AoizoraError(
-                f"Plan file {path}: a placement coordinate is not a chip of {topology.name} "
-                f"({err})."
-            ) from err
-        return cls(workload=Workload(**workload_fields), topology=topology,
-                   candidate=Candidate.from_name(payload["candidate"],
-                                                 attention=payload["attention"]),
-                   placement=Placement(order, "from " + str(path)),
-                   predicted=Predicted(**payload["predicted"]))
+                f"workload model has unknown key(s) {unknown}; WanConfig fields are "
+                f"{config_keys}."
+            )
+        try:
+            fields["model"] = WanConfig(**fields["model"])
+        except AoizoraError:
+            raise
+        except (TypeError, ValueError) as err:
+            raise AoizoraError(
+                f"workload model {fields['model']!r} is not a WanConfig: {err}.") from None
+    try:
+        return Workload(**fields)
+    except TypeError as err:
+        raise AoizoraError(f"workload {str(fields)[:120]!r}: {err}.") from None
 
 
-def _slots(topology: Topology) -> dict[int, tuple[tuple[int, ...], int]]:
-    """Device index -> (chip coordinates, core on the chip)."""
+def _predicted_from_json(values: dict[str, Any]) -> Predicted:
+    names = [f.name for f in dataclasses.fields(Predicted)]
+    if sorted(values) != sorted(names) or not all(
+            isinstance(values[k], int | float) and not isinstance(values[k], bool)
+            for k in names):
+        raise AoizoraError(
+            f"predicted={values!r} must hold the numbers {names} (seconds)."
+        )
+    return Predicted(*(float(values[k]) for k in names))
+
+
+def device_slots(topology: Topology) -> dict[int, tuple[tuple[int, ...], int]]:
+    """Device index -> (chip coordinates, core on the chip): how plan files and moved plans
+    name a device independently of how a VM numbers its devices."""
     grid = topology.device_grid().reshape(topology.num_chips, -1)
     return {int(device): (tuple(int(c) for c in topology.coords[device]), core)
             for row in grid for core, device in enumerate(row)}

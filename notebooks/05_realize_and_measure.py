@@ -42,15 +42,18 @@ from pathlib import Path
 import jax
 from IPython.display import Markdown, display
 
+from aoizora_lab import measure
 from aoizora_lab.hlo import parse_hlo
 from aoizora_lab.planner import plan
 from aoizora_lab.realize import Plan
 from aoizora_lab.reports import notebook_inputs, record
+from aoizora_lab.topology import Topology
 
 inputs = notebook_inputs(model=model, size=size, frames=frames, topology=topology,
                          layers=layers, budget=budget)
 workload, slice_ = inputs.workload, inputs.topology
-best = plan(workload, slice_, num_layers=inputs.layers, budget=inputs.budget).best
+result = plan(workload, slice_, num_layers=inputs.layers, budget=inputs.budget)
+best = result.best
 mesh = best.mesh()
 display(Markdown(f"**{best.candidate.name}** on {slice_.name}: mesh axes "
                  f"`{dict(mesh.shape)}`, placement *{best.placement.description}*."))
@@ -93,13 +96,25 @@ display(Markdown(f"Realised plan's collectives {'match' if same else '**differ f
 # ## Timing
 #
 # Predictions rank plans; only TPU devices can time them. On a TPU VM (`jax.devices()`
-# returns TPU devices) run this notebook there: the plan, its baselines and the ICI
-# calibration are measured against the live slice.
+# returns TPU devices) this cell moves the plan onto the live chips (matching chips by
+# coordinates), times the step with warm-up, then times the top placements and every
+# baseline round-robin and compares the measured order with the predicted one: a high rank
+# correlation means the model can be trusted to choose; a low one says to calibrate it
+# (`measure.microbenchmarks` + `measure.calibrate`, see the README).
 
 # %%
 platform = jax.devices()[0].platform
 if platform == "tpu":
-    print("TPU devices found: time the plan with the measurement tools of the workbench.")
+    live = Topology.from_devices(jax.devices())
+    timing = measure.time_plan(measure.retarget(best, live))
+    display(Markdown(f"Measured **{timing.median_s * 1e3:.1f} ms** per step (spread "
+                     f"{timing.spread:.1%}); predicted {best.predicted.total_s * 1e3:.1f} ms."))
+    compared = measure.compare_plans(measure.plans_to_compare(result, top=3, topology=live))
+    display(compared[["plan", "predicted_s", "measured_s", "spread"]])
+    display(Markdown(f"Rank correlation of predicted and measured: Spearman "
+                     f"{compared.attrs['spearman']:.2f}, Kendall {compared.attrs['kendall']:.2f}."))
+    record("measured_step_s", timing.median_s)
+    record("spearman", compared.attrs["spearman"])
 else:
     display(Markdown(f"**Timing needs TPU devices.** This kernel sees `{platform}` devices "
                      "only, so the numbers above are predictions from the compiled program "
