@@ -22,7 +22,9 @@ passes), ``uly16`` is out (40 heads do not divide by 16), ``cfg2-uly8`` (no fsdp
 from __future__ import annotations
 
 import math
+import numbers
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -84,12 +86,20 @@ class Candidate:
     def from_degrees(cls, degrees: dict[str, int], *, fsdp: bool = False,
                      attention: str = "splash") -> Candidate:
         """``Candidate.from_degrees({"cfg": 2, "ulysses": 4})``; degree-1 roles are dropped."""
-        unknown = sorted(set(degrees) - set(ROLES))
+        if not isinstance(degrees, Mapping):
+            raise AoizoraError(
+                f"Role degrees {degrees!r} must be a mapping of role -> degree, e.g. "
+                f"{{'cfg': 2, 'ulysses': 4}}; roles are {list(ROLES)}."
+            )
+        unknown = sorted(map(repr, set(degrees) - set(ROLES)))
         if unknown:
-            raise AoizoraError(f"Unknown roles {unknown}; roles are {list(ROLES)}.")
-        bad = {role: d for role, d in degrees.items() if int(d) < 1}
+            raise AoizoraError(f"Unknown roles [{', '.join(unknown)}]; roles are {list(ROLES)}.")
+        bad = {role: d for role, d in degrees.items()
+               if not isinstance(d, numbers.Integral) or isinstance(d, bool) or d < 1}
         if bad:
-            raise AoizoraError(f"Role degrees {bad} must be at least 1 (1 = role unused).")
+            raise AoizoraError(
+                f"Role degrees {bad} must be whole numbers of at least 1 (1 = role unused)."
+            )
         axes = tuple(MeshAxis(role, int(degrees[role]), role) for role in ROLES
                      if int(degrees.get(role, 1)) > 1)
         return cls(axes, fsdp=fsdp, attention=attention)
@@ -97,6 +107,7 @@ class Candidate:
     @classmethod
     def from_name(cls, name: str, *, attention: str = "splash") -> Candidate:
         """Parse a candidate name such as ``cfg2-uly4-ring2-fsdp`` (or ``single``)."""
+        check_backend(attention)
         parts = str(name).strip().lower().split("-")
         fsdp = parts[-1] == "fsdp"
         parts = parts[:-1] if fsdp else parts
@@ -109,7 +120,10 @@ class Candidate:
                     f"{list(_ROLE_OF)} used once, e.g. 'cfg2-uly4-ring2-fsdp'."
                 )
             degrees[_ROLE_OF[match.group(1)]] = int(match.group(2))
-        return cls.from_degrees(degrees, fsdp=fsdp, attention=attention)
+        try:
+            return cls.from_degrees(degrees, fsdp=fsdp, attention=attention)
+        except AoizoraError as err:
+            raise AoizoraError(f"Candidate name {name!r}: {err}") from None
 
     @property
     def name(self) -> str:
@@ -147,7 +161,7 @@ class Candidate:
             array = np.asarray(devices, dtype=object)
             if array.size != self.num_devices:
                 raise AoizoraError(
-                    f"Candidate {self.name} needs {self.num_devices} devices, got {array.size}."
+                    f"Candidate {self.name!r} needs {self.num_devices} devices, got {array.size}."
                 )
             mesh = Mesh(array.reshape(self.mesh_shape), self.axis_names)
         fsdp_axes = tuple(a.name for a in self.axes if a.role != "tp") if self.fsdp else ()

@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 
@@ -100,6 +101,9 @@ def _plan_command(args: argparse.Namespace) -> int:
     workload = Workload(model=args.model, height=height, width=width, frames=args.frames,
                         cfg=not args.no_cfg)
     topology = Topology.from_name(args.topology)
+    if args.json and not Path(args.json).absolute().parent.is_dir():
+        raise AoizoraError(f"--json {args.json!r}: folder {str(Path(args.json).parent)!r} does "
+                           "not exist; create it or write the plan elsewhere.")
     result = plan(workload, topology, num_layers=args.layers, budget=args.budget,
                   quiet=args.quiet)
     best = result.best

@@ -88,17 +88,23 @@ def compile_candidates(candidates: Sequence[Candidate], workload: Workload, topo
                        cache_dir: str | Path | None = None, timeout_s: float = 900.0,
                        num_layers: int | None = None) -> list[CompiledCandidate]:
     """Compile ``candidates`` for ``topology``'s devices; one result per candidate, in order."""
-    if topology.source not in ("libtpu deviceless", "host devices", "live"):
-        raise AoizoraError(
-            f"{topology.name} is {topology.source}: nothing compiles for it. Use a slice that "
-            "libtpu describes (Topology.from_name) or CPU host devices "
-            "(Topology.simulated(shape, devices=jax.devices()))."
-        )
+    check_compilable(topology)
     model = workload.config()
-    if num_layers is not None and not 1 <= num_layers <= model.num_layers:
-        raise AoizoraError(
-            f"num_layers={num_layers} must be between 1 and the model's {model.num_layers}."
-        )
+    check_num_layers(num_layers, model.num_layers)
+    for candidate in candidates:
+        if not isinstance(candidate, Candidate):
+            raise AoizoraError(
+                f"compile_candidates needs Candidate objects, got {candidate!r}; build one with "
+                "Candidate.from_name('cfg2-uly4') or enumerate_candidates(workload, topology)."
+            )
+        if candidate.num_devices != topology.num_devices:
+            raise AoizoraError(
+                f"Candidate {candidate.name!r} spans {candidate.num_devices} devices but "
+                f"{topology.name} has {topology.num_devices}; its role degrees must multiply to "
+                f"{topology.num_devices} (enumerate_candidates(workload, topology) lists those)."
+            )
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, int | float) or not timeout_s > 0:
+        raise AoizoraError(f"timeout_s={timeout_s!r} must be a positive number of seconds.")
     cache = Path(cache_dir) if cache_dir is not None else DEFAULT_CACHE_DIR
     jobs = [_job(c, workload, topology, num_layers) for c in candidates]
     own = executor is None
@@ -111,6 +117,27 @@ def compile_candidates(candidates: Sequence[Candidate], workload: Workload, topo
             pool.shutdown()
     return [_result(c, r, model.num_layers, num_layers) for c, r in
             zip(candidates, raw, strict=True)]
+
+
+def check_compilable(topology: Topology) -> None:
+    """Raise :class:`AoizoraError` unless ``topology`` has devices a compiler can target."""
+    if topology.source not in ("libtpu deviceless", "host devices", "live"):
+        raise AoizoraError(
+            f"{topology.name} is {topology.source}: nothing compiles for it. Use a slice that "
+            "libtpu describes (Topology.from_name) or CPU host devices "
+            "(Topology.simulated(shape, devices=jax.devices()))."
+        )
+
+
+def check_num_layers(num_layers: Any, model_layers: int) -> None:
+    """Raise :class:`AoizoraError` unless ``num_layers`` is None or 1..``model_layers``."""
+    if num_layers is not None and not (
+            isinstance(num_layers, int) and not isinstance(num_layers, bool)
+            and 1 <= num_layers <= model_layers):
+        raise AoizoraError(
+            f"num_layers={num_layers!r} must be between 1 and the model's {model_layers} "
+            "(or None for the full depth)."
+        )
 
 
 def _job(candidate: Candidate, workload: Workload, topology: Topology,
@@ -208,15 +235,19 @@ def read_entry(entry: Path) -> dict[str, Any] | None:
         return None
     try:
         meta = json.loads(meta_file.read_text())
-        if meta.get("status") not in CACHED_STATUSES:
-            raise ValueError(f"status {meta.get('status')!r}")
+        if not isinstance(meta, dict) or meta.get("status") not in CACHED_STATUSES:
+            raise ValueError(f"not a cached result: {str(meta)[:80]!r}")
+        if meta["status"] == "ok" and not isinstance(meta.get("hlo_sha256"), str):
+            raise ValueError("an ok result without its HLO checksum")
+        meta["compile_seconds"] = float(meta.get("compile_seconds", 0.0))
+        meta["memory"] = {str(k): float(v) for k, v in dict(meta.get("memory", {})).items()}
         if "hlo_sha256" in meta:
             text = (entry / "hlo.txt").read_bytes()
             if hashlib.sha256(text).hexdigest() != meta["hlo_sha256"]:
                 raise ValueError("HLO checksum mismatch")
             meta["hlo_path"] = str(entry / "hlo.txt")
         return meta
-    except (OSError, ValueError, KeyError):
+    except (OSError, ValueError, KeyError, TypeError):
         shutil.rmtree(entry, ignore_errors=True)
         return None
 

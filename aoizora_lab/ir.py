@@ -548,10 +548,16 @@ def _read_counts(entry: Path) -> tuple[IRCounts, float] | None:
         trace_seconds = float(payload.pop("trace_seconds"))
         collectives = [IRCollective(**{**c, "axes": tuple(c["axes"])})
                        for c in payload.pop("collectives")]
-        return IRCounts(**payload, collectives=collectives), trace_seconds
+        counts = IRCounts(**payload, collectives=collectives)
+        numbers = [counts.flops, counts.hbm_bytes, counts.param_bytes,
+                   counts.largest_activation_bytes,
+                   *(x for c in collectives for x in (c.bytes, c.count))]
+        if not all(isinstance(x, int | float) and not isinstance(x, bool) for x in numbers):
+            raise ValueError("a count is not a number")
+        return counts, trace_seconds
     except FileNotFoundError:
         return None
-    except (OSError, ValueError, TypeError, KeyError):
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
         entry.unlink(missing_ok=True)
         return None
 

@@ -33,7 +33,13 @@ from aoizora_lab.candidates import (
     explain_candidates,
 )
 from aoizora_lab.comm_model import estimate
-from aoizora_lab.compile import CompiledCandidate, compile_candidates
+from aoizora_lab.compile import (
+    CompiledCandidate,
+    check_compilable,
+    check_num_layers,
+    compile_candidates,
+)
+from aoizora_lab.errors import AoizoraError
 from aoizora_lab.hardware import chip_spec
 from aoizora_lab.hlo import CommProgram
 from aoizora_lab.placement import Placement, search_placements
@@ -88,6 +94,13 @@ def plan(workload: Workload, topology: Topology, *, keep: int = 3, budget: int =
     """Search candidates and placements of ``workload`` on ``topology``; rank; compare."""
     from tqdm.auto import tqdm
 
+    # Checked before anything is traced or compiled: a typo should not cost a sweep.
+    check_compilable(topology)
+    check_num_layers(num_layers, workload.config().num_layers)
+    for name, value, least in (("keep", keep, 1), ("budget", budget, 0),
+                               ("top_placements", top_placements, 1)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < least:
+            raise AoizoraError(f"plan({name}={value!r}): must be a whole number >= {least}.")
     progress = tqdm(total=5, desc="plan", disable=quiet)
 
     def stage(name: str) -> None:

@@ -49,6 +49,7 @@ import functools
 import html
 import json
 import keyword
+import math
 import os
 import re
 import time
@@ -132,6 +133,10 @@ class ReportSpec:
             raise AoizoraError(
                 f"ReportSpec.notebooks={self.notebooks!r} must be a list of notebook names, "
                 f"e.g. [{self.notebooks!r}].")
+        if not isinstance(self.notebooks, list | tuple):
+            raise AoizoraError(
+                f"ReportSpec.notebooks={self.notebooks!r} must be a list of notebook names, "
+                "e.g. ['01_candidates'] (empty: every numbered notebook).")
         object.__setattr__(self, "notebooks", tuple(
             n.removesuffix(".ipynb") if isinstance(n, str) else n for n in self.notebooks))
         if not isinstance(self.parameters, Mapping):
@@ -171,6 +176,10 @@ class ReportSpec:
 
 def _plain(value: Any, where: str) -> Any:
     """``value`` as papermill can inject it: JSON-like, tuples turned into lists."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise AoizoraError(
+            f"{where}: {value!r} cannot be injected into a notebook (papermill writes it as a "
+            "bare name); use a finite number, or None for a missing one.")
     if value is None or isinstance(value, str | bool | int | float):
         return value
     if isinstance(value, list | tuple):
@@ -268,6 +277,10 @@ def load_matrix(path: str | Path = DEFAULT_MATRIX) -> list[ReportSpec]:
         raise AoizoraError(
             f"Report matrix {str(path)!r} does not exist; point to a YAML file like "
             f"{str(DEFAULT_MATRIX)!r}.") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise AoizoraError(
+            f"Report matrix {str(path)!r} is not a readable UTF-8 text file ({err}); point to "
+            f"a YAML file like {str(DEFAULT_MATRIX)!r}.") from None
     except yaml.YAMLError as err:
         raise AoizoraError(f"{path}: not valid YAML: {err}") from None
     if not isinstance(document, dict):
@@ -290,8 +303,9 @@ def load_matrix(path: str | Path = DEFAULT_MATRIX) -> list[ReportSpec]:
         if not isinstance(notebooks, list):
             raise AoizoraError(f"{where}: notebooks={notebooks!r} must be a list of names.")
         try:
+            parameters = entry.get("parameters")
             specs.append(ReportSpec(name=entry["name"], notebooks=tuple(notebooks),
-                                    parameters=entry.get("parameters") or {}))
+                                    parameters={} if parameters is None else parameters))
         except AoizoraError as err:
             raise AoizoraError(f"{where}: {err}") from None
     names = [spec.name for spec in specs]

@@ -31,6 +31,7 @@ from __future__ import annotations
 import functools
 import itertools
 import math
+import numbers
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -106,6 +107,24 @@ def is_offered_shape(generation: str, shape: Shape) -> bool:
             and math.prod(shape) <= MAX_CHIPS_3D[generation])
 
 
+def check_shape(shape: Any, what: str = "Slice shape") -> Shape:
+    """``shape`` as a tuple of positive ints, or an error quoting it: ``(2, 4)`` -> ``(2, 4)``;
+    ``"2x4"``, ``4``, ``(2.5, 2)``, ``(0, 4)`` and ``()`` are refused."""
+    try:
+        dims = tuple(shape)
+    except TypeError:
+        dims = ()
+    if isinstance(shape, str) or not dims or not all(
+            isinstance(n, numbers.Integral) and not isinstance(n, bool) and n >= 1
+            for n in dims):
+        raise AoizoraError(
+            f"{what} {shape!r} must be one or more positive whole chip counts, one per physical "
+            "axis, e.g. (4, 4) or (2, 2, 4); for a slice name such as 'v5e:4x4' use "
+            "Topology.from_name."
+        )
+    return tuple(int(n) for n in dims)
+
+
 def parse_slice_name(name: str) -> tuple[str, Shape]:
     """``"v5e:4x4"`` -> ``("v5e", (4, 4))``, with an error naming the bad part."""
     match = re.fullmatch(r"\s*([A-Za-z0-9]+)\s*:\s*(\d+(?:x\d+)*)\s*", str(name))
@@ -114,7 +133,10 @@ def parse_slice_name(name: str) -> tuple[str, Shape]:
             f"Slice name {name!r} is not of the form GENERATION:SHAPE, e.g. 'v5e:4x4' or "
             f"'v5p:2x2x4'; generations are {list(GENERATIONS)}."
         )
-    generation = check_generation(match.group(1))
+    try:
+        generation = check_generation(match.group(1))
+    except AoizoraError as err:
+        raise AoizoraError(f"Slice name {name!r}: {err}") from None
     shape = tuple(int(n) for n in match.group(2).split("x"))
     if not is_offered_shape(generation, shape):
         raise AoizoraError(
@@ -150,11 +172,9 @@ class Topology:
     """Why the slice is simulated, or other facts a reader should know."""
 
     def __post_init__(self) -> None:
-        shape = tuple(int(n) for n in self.shape)
+        shape = check_shape(self.shape, "Topology shape")
         coords = np.array(self.coords, dtype=np.int64, copy=True)
         wrap = tuple(bool(w) for w in self.wrap)
-        if not shape or any(n < 1 for n in shape):
-            raise AoizoraError(f"Topology shape {self.shape!r} must be positive chip counts.")
         if len(wrap) != len(shape):
             raise AoizoraError(
                 f"Topology wrap {self.wrap!r} needs one flag per axis of shape {shape}."
@@ -235,9 +255,7 @@ class Topology:
         ``wrap=None`` applies the generation's wraparound rule to ``shape``.
         """
         generation = check_generation(generation)
-        shape = tuple(int(n) for n in shape)
-        if not shape or any(n < 1 for n in shape):
-            raise AoizoraError(f"Slice shape {shape!r} must be one or more positive chip counts.")
+        shape = check_shape(shape, "Slice shape")
         per_chip = devices_per_chip or DEVICES_PER_CHIP.get(generation, 1)
         chips = np.array(list(itertools.product(*(range(n) for n in reversed(shape)))))
         chips = chips[:, ::-1]  # axis 0 fastest

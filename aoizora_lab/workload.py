@@ -58,8 +58,13 @@ class Workload:
         model = self.config()
         for name in ("height", "width", "frames", "text_len"):
             value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise AoizoraError(f"Workload.{name}={value!r} must be a positive integer.")
+        if not isinstance(self.cfg, bool):
+            raise AoizoraError(
+                f"Workload.cfg={self.cfg!r} must be True (guidance: two passes per step) or "
+                "False (one pass)."
+            )
         spatial = VAE_STRIDE[1] * model.patch_size[1]
         if self.height % spatial or self.width % (VAE_STRIDE[2] * model.patch_size[2]):
             raise AoizoraError(

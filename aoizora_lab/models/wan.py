@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -95,6 +96,11 @@ class WanConfig:
             raise AoizoraError(
                 f"WanConfig.model_type={self.model_type!r}; supported types are 't2v' and 'i2v'."
             )
+        for name in ("text_len", "in_dim", "dim", "ffn_dim", "freq_dim", "text_dim", "out_dim",
+                     "num_heads", "num_layers"):
+            value = getattr(self, name)
+            if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 1:
+                raise AoizoraError(f"WanConfig.{name}={value!r} must be a positive integer.")
         if self.dim % self.num_heads or (self.dim // self.num_heads) % 2:
             raise AoizoraError(
                 f"WanConfig.dim={self.dim} must split into num_heads={self.num_heads} heads of "
@@ -105,10 +111,6 @@ class WanConfig:
                 f"WanConfig.window_size={self.window_size}: only global attention (-1, -1) is "
                 "implemented, as in every released Wan 2.1 model."
             )
-        for name in ("text_len", "in_dim", "dim", "ffn_dim", "freq_dim", "text_dim", "out_dim",
-                     "num_heads", "num_layers"):
-            if int(getattr(self, name)) < 1:
-                raise AoizoraError(f"WanConfig.{name}={getattr(self, name)!r} must be positive.")
         if len(self.patch_size) != 3 or min(self.patch_size) < 1 or self.freq_dim % 2:
             raise AoizoraError(
                 f"WanConfig.patch_size={self.patch_size} must be three positive ints and "
