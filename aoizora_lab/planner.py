@@ -131,9 +131,11 @@ def plan(workload: Workload, topology: Topology, *, keep: int = 3, budget: int =
                          "description": row["description"], "source": row["source"],
                          **predicted.__dict__})
     if not rows:
-        raise RuntimeError(
-            "No candidate compiled: see the compiled table's statuses and messages "
-            f"({[(r.candidate.name, r.status) for r in compiled]})."
+        raise AoizoraError(
+            "No candidate compiled: "
+            + "; ".join(f"{r.candidate.name}: {r.status} ({r.message[:120]})" for r in compiled)
+            + ". Fix what the messages say (an oom needs more chips or FSDP; crash or timeout: "
+            "retry, or raise timeout_s)."
         )
     ranking = pd.DataFrame(rows).sort_values("total_s", kind="stable").reset_index(drop=True)
     stage("placed")

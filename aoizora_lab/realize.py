@@ -201,7 +201,8 @@ _JSON_NAMES = {int: "integer", dict: "object", str: "string", list: "array"}
 
 
 def _workload_from_json(fields: dict[str, Any]) -> Workload:
-    """The plan file's ``workload`` object as a :class:`Workload` (model preset or config)."""
+    """The plan file's ``workload`` object as a :class:`Workload` (model preset or config);
+    every error starts with ``workload``."""
     from aoizora_lab.models.wan import WanConfig
 
     fields = dict(fields)
@@ -212,24 +213,18 @@ def _workload_from_json(fields: dict[str, Any]) -> Workload:
             f"workload {str(fields)[:120]!r} must have the keys {known} (model, height, width "
             f"required){f'; unknown: {unknown}' if unknown else ''}."
         )
-    if isinstance(fields["model"], dict):
-        config_keys = [f.name for f in dataclasses.fields(WanConfig)]
-        unknown = sorted(map(str, set(fields["model"]) - set(config_keys)))
-        if unknown:
-            raise AoizoraError(
-                f"workload model has unknown key(s) {unknown}; WanConfig fields are "
-                f"{config_keys}."
-            )
-        try:
-            fields["model"] = WanConfig(**fields["model"])
-        except AoizoraError:
-            raise
-        except (TypeError, ValueError) as err:
-            raise AoizoraError(
-                f"workload model {fields['model']!r} is not a WanConfig: {err}.") from None
     try:
+        if isinstance(fields["model"], dict):
+            config_keys = [f.name for f in dataclasses.fields(WanConfig)]
+            unknown = sorted(map(str, set(fields["model"]) - set(config_keys)))
+            if unknown:
+                raise AoizoraError(
+                    f"model has unknown key(s) {unknown}; WanConfig fields are {config_keys}.")
+            fields["model"] = WanConfig(**fields["model"])
         return Workload(**fields)
-    except TypeError as err:
+    except AoizoraError as err:
+        raise AoizoraError(f"workload: {err}") from None
+    except (TypeError, ValueError) as err:  # a missing field, or one WanConfig cannot convert
         raise AoizoraError(f"workload {str(fields)[:120]!r}: {err}.") from None
 
 
