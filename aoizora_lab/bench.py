@@ -747,7 +747,8 @@ def _config_line(config: dict[str, Any]) -> str:
 def run_all(*, quick: bool = False, out: str | Path = "reports/benchmarks.md",
             only: Sequence[str] | None = None, num_layers: int | None = None,
             skip_exhaustive: bool = False, evaluations: int | None = None,
-            cache_dir: str | Path | None = None, command: str = "aoizora-lab bench",
+            cache_dir: str | Path | None = None, cases: Sequence[str] | None = None,
+            search_cases: Sequence[str] | None = None, command: str = "aoizora-lab bench",
             progress: Callable[[str], None] | None = None) -> Path:
     """Run the benchmarks (``only``: a subset of ``plan-quality``, ``search-cost``,
     ``placement-throughput``) and write the report to ``out``.
@@ -755,9 +756,10 @@ def run_all(*, quick: bool = False, out: str | Path = "reports/benchmarks.md",
     ``quick``: :data:`QUICK_MATRIX` for plan quality and search cost, compiled at
     :data:`QUICK_LAYERS` layers unless ``num_layers`` says otherwise, and 2,000 placement
     evaluations; otherwise :data:`DEFAULT_MATRIX`, :data:`SEARCH_COST_MATRIX` at the planner's
-    depth (full unless ``num_layers``) and 20,000 evaluations. ``cache_dir``: the compile
-    cache of plan quality and placement throughput (default ``data/cache/compile``; search
-    cost always starts from an empty one).
+    depth (full unless ``num_layers``) and 20,000 evaluations. ``cases`` / ``search_cases``
+    (``"MODEL@RES/SLICE"``) replace the plan-quality / search-cost matrix. ``cache_dir``: the
+    compile cache of plan quality and placement throughput (default ``data/cache/compile``;
+    search cost always starts from an empty one).
     """
     names = ("plan-quality", "search-cost", "placement-throughput")
     chosen = list(only or names)
@@ -768,11 +770,15 @@ def run_all(*, quick: bool = False, out: str | Path = "reports/benchmarks.md",
     evaluations = evaluations or (2_000 if quick else 20_000)
     sections = []
     if "plan-quality" in chosen:
-        sections.append(plan_quality(QUICK_MATRIX if quick else DEFAULT_MATRIX,
+        matrix = ([parse_case(c) for c in cases] if cases
+                  else QUICK_MATRIX if quick else DEFAULT_MATRIX)
+        sections.append(plan_quality(matrix,
                                      num_layers=layers, cache_dir=cache_dir,
                                      progress=progress).markdown())
     if "search-cost" in chosen:
-        sections.append(search_cost(QUICK_MATRIX if quick else SEARCH_COST_MATRIX,
+        matrix = ([parse_case(c) for c in search_cases] if search_cases
+                  else QUICK_MATRIX if quick else SEARCH_COST_MATRIX)
+        sections.append(search_cost(matrix,
                                     num_layers=layers, exhaustive=not skip_exhaustive,
                                     progress=progress).markdown())
     if "placement-throughput" in chosen:

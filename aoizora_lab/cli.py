@@ -148,11 +148,13 @@ def _bench_command(args: argparse.Namespace) -> int:
     flags = [("--quick", args.quick), (f"--out {args.out}", args.out != "reports/benchmarks.md"),
              (f"--only {' '.join(args.only or [])}", bool(args.only)),
              (f"--num-layers {args.num_layers}", args.num_layers is not None),
-             ("--skip-exhaustive", args.skip_exhaustive)]
+             ("--skip-exhaustive", args.skip_exhaustive),
+             (f"--cases {' '.join(args.cases or [])}", bool(args.cases)),
+             (f"--search-cases {' '.join(args.search_cases or [])}", bool(args.search_cases))]
     command = " ".join(["aoizora-lab bench", *(flag for flag, used in flags if used)])
     path = run_all(quick=args.quick, out=args.out, only=args.only, num_layers=args.num_layers,
                    skip_exhaustive=args.skip_exhaustive, cache_dir=args.cache_dir,
-                   command=command,
+                   cases=args.cases, search_cases=args.search_cases, command=command,
                    progress=None if args.quiet else lambda m: print(m, file=sys.stderr))
     print(path.read_text())
     print(f"report written to {path}")
@@ -226,6 +228,11 @@ def build_parser() -> argparse.ArgumentParser:
                      help="run only these benchmarks")
     ben.add_argument("--num-layers", type=int, default=None,
                      help="compile depth (default: full, or 2 with --quick)")
+    ben.add_argument("--cases", nargs="+", metavar="MODEL@RES/SLICE",
+                     help="plan-quality cases, e.g. wan2.1-t2v-14b@720p/v5e:4x4 "
+                          "(default: the documented matrix)")
+    ben.add_argument("--search-cases", nargs="+", metavar="MODEL@RES/SLICE",
+                     help="search-cost cases (default: wan2.1-t2v-14b@720p/v5e:4x4)")
     ben.add_argument("--skip-exhaustive", action="store_true",
                      help="search cost without the exhaustive comparison")
     ben.add_argument("--cache-dir", default=None,

@@ -164,3 +164,9 @@ def test_cases_and_the_bench_command_line():
     with pytest.raises(az.AoizoraError, match="Unknown benchmarks"):
         bench.run_all(only=["speed"])
     assert ("wan2.1-t2v-14b@720p", "v5e:4x4") in bench.DEFAULT_MATRIX
+    args = build_parser().parse_args(["bench", "--cases", "wan2.1-t2v-1.3b@480p/v5e:2x4",
+                                      "--search-cases", "wan2.1-t2v-1.3b@480p/v5e:2x2"])
+    assert args.cases == ["wan2.1-t2v-1.3b@480p/v5e:2x4"]
+    assert args.search_cases == ["wan2.1-t2v-1.3b@480p/v5e:2x2"]
+    with pytest.raises(az.AoizoraError, match="MODEL@RESOLUTION/SLICE"):
+        bench.run_all(only=["plan-quality"], cases=["v5e:2x4"])  # refused before any work
