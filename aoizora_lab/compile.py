@@ -35,6 +35,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -213,9 +214,23 @@ def run_job(job: dict[str, Any], cache_dir: str, timeout_s: float) -> dict[str, 
         return result
 
 
+STALE_STAGING_S = 600.0
+"""A staging folder this old belongs to a writer that was killed (a write takes seconds)."""
+
+
 def write_entry(entry: Path, result: dict[str, Any], hlo: Path) -> None:
-    """Write a cache entry atomically: build it beside the target, then rename it into place."""
+    """Write a cache entry atomically: build it beside the target, then rename it into place.
+
+    Staging folders (``.<entry>-<random>``) left by a writer killed mid-write are removed once
+    they are :data:`STALE_STAGING_S` old; a younger one may be another process's live write.
+    """
     entry.parent.mkdir(parents=True, exist_ok=True)
+    for stale in entry.parent.glob(f".{entry.name}-*"):
+        try:
+            if time.time() - stale.stat().st_mtime > STALE_STAGING_S:
+                shutil.rmtree(stale, ignore_errors=True)
+        except OSError:  # removed by another process meanwhile
+            pass
     staging = Path(tempfile.mkdtemp(prefix=f".{entry.name}-", dir=entry.parent))
     meta = dict(result)
     if hlo.exists():

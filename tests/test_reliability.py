@@ -38,7 +38,7 @@ from nbformat.v4 import new_code_cell, new_notebook
 import aoizora_lab as az
 from aoizora_lab.candidates import ABBREVIATIONS, Candidate
 from aoizora_lab.cli import main
-from aoizora_lab.compile import compile_candidates, read_entry
+from aoizora_lab.compile import STALE_STAGING_S, compile_candidates, read_entry, write_entry
 from aoizora_lab.hardware import GENERATIONS
 from aoizora_lab.ir import estimate_ir
 from aoizora_lab.models.parallel import ROLES
@@ -710,6 +710,20 @@ def test_a_garbage_meta_file_is_recompiled_never_returned(pristine, tmp_path):
                                  WORKLOAD, host, cache_dir=tmp_path)
     assert again.status == "ok" and not again.cached and again.program == first.program
     assert read_entry(tmp_path / source.name) is not None  # rewritten whole
+
+
+def test_staging_left_by_a_killed_writer_is_swept_later(tmp_path):
+    entry = tmp_path / "abc123"
+    stale, live = tmp_path / ".abc123-killed", tmp_path / ".abc123-writing"
+    for folder in (stale, live):
+        folder.mkdir()
+        (folder / "hlo.txt").write_text("partial")
+    old = time.time() - STALE_STAGING_S - 60
+    os.utime(stale, (old, old))
+    write_entry(entry, {"status": "oom", "message": "RESOURCE_EXHAUSTED"}, tmp_path / "absent")
+    assert not stale.exists()  # the killed writer's leftovers are gone
+    assert live.exists()  # a young one may be another process mid-write
+    assert read_entry(entry)["status"] == "oom"
 
 
 CONCURRENT_SCRIPT = textwrap.dedent("""

@@ -94,6 +94,8 @@ def test_presets_have_the_official_sizes():
     ({"dim": 100, "num_heads": 3}, r"dim=100.*num_heads=3"),
     ({"window_size": (4, 4)}, r"window_size=\(4, 4\)"),
     ({"num_layers": 0}, r"num_layers=0"),
+    ({"patch_size": "ab"}, r"patch_size='ab'.*\(1, 2, 2\)"),
+    ({"window_size": None}, r"window_size=None"),
 ])
 def test_bad_configs_name_the_value(kwargs, pattern):
     with pytest.raises(AoizoraError, match=pattern):

@@ -86,8 +86,14 @@ class WanConfig:
     """Epsilon of every norm."""
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "patch_size", tuple(int(p) for p in self.patch_size))
-        object.__setattr__(self, "window_size", tuple(int(w) for w in self.window_size))
+        for name, example in (("patch_size", "(1, 2, 2)"), ("window_size", "(-1, -1)")):
+            value = getattr(self, name)
+            try:
+                object.__setattr__(self, name, tuple(int(v) for v in value))
+            except (TypeError, ValueError):
+                raise AoizoraError(
+                    f"WanConfig.{name}={value!r} must be a sequence of integers, e.g. {example}."
+                ) from None
         self.validate()
 
     def validate(self) -> None:
