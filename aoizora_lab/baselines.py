@@ -15,6 +15,8 @@ Each returns ``(candidate, placement)``; :mod:`aoizora_lab.planner` compiles and
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
+from typing import Literal
 
 import numpy as np
 
@@ -57,8 +59,10 @@ def device_mesh_order(mesh_shape: Sequence[int], topology: Topology) -> Placemen
     return _placement_of(devices, topology, how)
 
 
-def xdit_usp(workload: Workload, topology: Topology) -> tuple[Candidate, Placement]:
-    """Best Ulysses x ring (no CFG parallelism), plain device order."""
+def xdit_usp(workload: Workload, topology: Topology, *,
+             ir_cache_dir: str | Path | Literal[False] | None = None,
+             ) -> tuple[Candidate, Placement]:
+    """Best Ulysses x ring (no CFG parallelism) by IR estimate, plain device order."""
     table = explain_candidates(workload, topology)
     usp = table[table["valid"] & (table["cfg"] == 1) & (table["context"] == 1)
                 & (table["tp"] == 1)]
@@ -67,7 +71,8 @@ def xdit_usp(workload: Workload, topology: Topology) -> tuple[Candidate, Placeme
     candidates = [Candidate.from_name(n, attention=default_attention(topology))
                   for n in usp["name"]]
     best = min(candidates,
-               key=lambda c: estimate_ir(c, workload, topology).estimate_seconds)
+               key=lambda c: estimate_ir(c, workload, topology,
+                                         cache_dir=ir_cache_dir).estimate_seconds)
     return best, Placement(tuple(range(topology.num_devices)), "plain device order")
 
 

@@ -409,8 +409,8 @@ def search_cost(cases: Iterable[Case] = SEARCH_COST_MATRIX, *, num_layers: int |
                 progress: Callable[[str], None] | None = None) -> SearchCost:
     """Time the planner cold and warm on each case; compare with the exhaustive search.
 
-    Columns of ``summary``: ``cold_s`` (empty compile cache: a fresh temporary folder, and
-    ``jax.clear_caches()``), ``warm_s`` (the same cache again) and ``warm_all_cached``;
+    Columns of ``summary``: ``cold_s`` (empty compile and IR caches: a fresh temporary folder,
+    and ``jax.clear_caches()``), ``warm_s`` (the same cache again) and ``warm_all_cached``;
     ``enumerated``, ``valid``, ``ir_traced``, ``compiled`` (pruning survivors),
     ``compiled_fraction`` (of the valid), ``baseline_compiles`` (the baselines' candidates
     beyond the survivors), ``compile_s`` (the compiles' own seconds, survivors and baselines);
@@ -461,7 +461,7 @@ def _search_row(workload: Workload, topology: Topology, cache: str, *,
     def run() -> tuple[Any, float]:
         start = time.perf_counter()
         result = plan(workload, topology, budget=budget, num_layers=num_layers,
-                      cache_dir=cache, timeout_s=timeout_s)
+                      cache_dir=cache, ir_cache_dir=Path(cache) / "ir", timeout_s=timeout_s)
         return result, time.perf_counter() - start
 
     if progress:
@@ -512,13 +512,11 @@ def _exhaustive(workload: Workload, topology: Topology, result: Any, cache: str,
     """Every valid candidate compiled and placed exactly as the planner places survivors."""
     from scipy import stats
 
-    from aoizora_lab import baselines as known
     from aoizora_lab.candidates import candidates_from_table, default_attention
     from aoizora_lab.compile import compile_candidates
-    from aoizora_lab.placement import Placement, search_placements
-    from aoizora_lab.planner import predict
+    from aoizora_lab.placement import search_placements
+    from aoizora_lab.planner import TOP_PLACEMENTS, predict, search_starts
 
-    top_placements = 3  # as planner.plan's default: the top placements by comm time are priced
     valid = candidates_from_table(result.candidates, default_attention(topology))
     start = time.perf_counter()
     compiled = compile_candidates(valid, workload, topology, cache_dir=cache,
@@ -533,16 +531,12 @@ def _exhaustive(workload: Workload, topology: Topology, result: Any, cache: str,
                "kept": bool(pruning.loc[name, "keep"]), "status": r.status,
                "compile_s": r.compile_seconds, "best_total_s": math.nan, "placement": ""}
         if r.status == "ok":
-            try:  # the planner's own extra orders, built the same way
-                extra = [Placement(tuple(range(topology.num_devices)), "plain device order")]
-                if topology.devices is not None:
-                    extra += [known.jax_default(r.candidate, topology),
-                              known.device_mesh_order(r.candidate.mesh_shape, topology)]
+            try:  # placed exactly as the planner places its survivors
                 found = search_placements(r.program, r.candidate.mesh_shape, topology,
                                           budget=budget, axis_names=r.candidate.axis_names,
-                                          extra=extra)
+                                          extra=search_starts(r.candidate, topology))
                 priced = [(predict(r.program, topology, p).total_s, p.description)
-                          for p in found.head(top_placements)["placement"]]
+                          for p in found.head(TOP_PLACEMENTS)["placement"]]
                 row["best_total_s"], row["placement"] = min(priced)
             except Exception as err:  # one candidate's failure is its row's status
                 row["status"] = _error(err)
@@ -755,8 +749,9 @@ def run_all(*, quick: bool = False, out: str | Path = "reports/benchmarks.md",
 
     ``quick``: :data:`QUICK_MATRIX` for plan quality and search cost, compiled at
     :data:`QUICK_LAYERS` layers unless ``num_layers`` says otherwise, and 2,000 placement
-    evaluations; otherwise :data:`DEFAULT_MATRIX`, :data:`SEARCH_COST_MATRIX` at the planner's
-    depth (full unless ``num_layers``) and 20,000 evaluations. ``cases`` / ``search_cases``
+    evaluations on the first of :data:`THROUGHPUT_CASES` (8 chips); otherwise
+    :data:`DEFAULT_MATRIX`, :data:`SEARCH_COST_MATRIX` at the planner's depth (full unless
+    ``num_layers``) and 20,000 evaluations. ``cases`` / ``search_cases``
     (``"MODEL@RES/SLICE"``) replace the plan-quality / search-cost matrix. ``cache_dir``: the
     compile cache of plan quality and placement throughput (default ``data/cache/compile``;
     search cost always starts from an empty one).
@@ -784,7 +779,9 @@ def run_all(*, quick: bool = False, out: str | Path = "reports/benchmarks.md",
     if "placement-throughput" in chosen:
         if progress:
             progress("placement throughput")
-        table = placement_throughput(evaluations, THROUGHPUT_CASES, cache_dir=cache_dir)
+        table = placement_throughput(evaluations,
+                                     THROUGHPUT_CASES[:1] if quick else THROUGHPUT_CASES,
+                                     cache_dir=cache_dir)
         sections.append(throughput_markdown(table, evaluations))
     path = Path(out)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -181,7 +181,19 @@ def cache_key(job: dict[str, Any]) -> str:
 
 
 def run_job(job: dict[str, Any], cache_dir: str, timeout_s: float) -> dict[str, Any]:
-    """Compile one job in a child process, through the cache. Runs on any executor's worker."""
+    """Compile one job in a child process, through the cache. Runs on any executor's worker.
+
+    Whatever goes wrong (a full disk under the cache, a child killed by an unnamed signal)
+    comes back as an ``error`` result, so one job never ends the sweep.
+    """
+    try:
+        return _run_job(job, cache_dir, timeout_s)
+    except Exception as err:  # recorded as the candidate's status
+        return {"status": "error", "compile_seconds": 0.0,
+                "message": f"{type(err).__name__}: {err}"}
+
+
+def _run_job(job: dict[str, Any], cache_dir: str, timeout_s: float) -> dict[str, Any]:
     entry = Path(cache_dir) / cache_key(job)
     cached = read_entry(entry)
     if cached is not None:
@@ -201,17 +213,26 @@ def run_job(job: dict[str, Any], cache_dir: str, timeout_s: float) -> dict[str, 
                     "compile_seconds": timeout_s}
         result_file = Path(work) / "result.json"
         if done.returncode < 0:
-            name = signal.Signals(-done.returncode).name
+            number = -done.returncode
+            name = (signal.Signals(number).name if number in signal.valid_signals()
+                    else f"signal {number}")
             return {"status": "crash", "compile_seconds": 0.0,
                     "message": f"compiler process killed by {name}: {done.stderr[-2000:]}"}
         if not result_file.exists():
             return {"status": "error", "compile_seconds": 0.0,
                     "message": f"worker exited {done.returncode}: {done.stderr[-2000:]}"}
         result = json.loads(result_file.read_text())
-        if result["status"] in CACHED_STATUSES:
+        if result["status"] not in CACHED_STATUSES:
+            return result
+        for _ in range(2):  # a second try after read_entry cleared a half-removed entry
             write_entry(entry, result, Path(work) / "hlo.txt")
-            return (read_entry(entry) or result) | {"cached": False}
-        return result
+            stored = read_entry(entry)
+            if stored is not None:
+                return stored | {"cached": False}
+        return {"status": "error", "compile_seconds": result.get("compile_seconds", 0.0),
+                "message": f"compiled ({result['status']}), but the cache entry {entry} could "
+                           "not be written and read back: check the cache folder is writable "
+                           "and has space, or pass another cache_dir."}
 
 
 STALE_STAGING_S = 600.0
@@ -221,11 +242,12 @@ STALE_STAGING_S = 600.0
 def write_entry(entry: Path, result: dict[str, Any], hlo: Path) -> None:
     """Write a cache entry atomically: build it beside the target, then rename it into place.
 
-    Staging folders (``.<entry>-<random>``) left by a writer killed mid-write are removed once
-    they are :data:`STALE_STAGING_S` old; a younger one may be another process's live write.
+    Staging folders (``.<entry>-<random>``) that writers killed mid-write left anywhere in the
+    cache are removed once they are :data:`STALE_STAGING_S` old; a younger one may be another
+    process's live write.
     """
     entry.parent.mkdir(parents=True, exist_ok=True)
-    for stale in entry.parent.glob(f".{entry.name}-*"):
+    for stale in entry.parent.glob(".*-*"):
         try:
             if time.time() - stale.stat().st_mtime > STALE_STAGING_S:
                 shutil.rmtree(stale, ignore_errors=True)
@@ -244,9 +266,14 @@ def write_entry(entry: Path, result: dict[str, Any], hlo: Path) -> None:
 
 
 def read_entry(entry: Path) -> dict[str, Any] | None:
-    """A cache entry's result, or ``None`` when absent or damaged (then it is removed)."""
+    """A cache entry's result, or ``None`` when absent or damaged (then it is removed).
+
+    Entries are renamed into place whole, so a folder without ``meta.json`` is one another
+    process is removing (or left half-removed): it is cleared so the entry can be written.
+    """
     meta_file = entry / "meta.json"
     if not meta_file.exists():
+        shutil.rmtree(entry, ignore_errors=True)
         return None
     try:
         meta = json.loads(meta_file.read_text())

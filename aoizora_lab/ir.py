@@ -532,13 +532,21 @@ def estimate_ir(candidate: Candidate, workload: Workload, topology: Topology, *,
 
 
 def _write_counts(entry: Path, counts: IRCounts, trace_seconds: float) -> None:
-    """Write a trace's counts atomically (a temporary file renamed into place)."""
-    entry.parent.mkdir(parents=True, exist_ok=True)
+    """Write a trace's counts atomically (a temporary file renamed into place), best effort:
+    a cache that cannot be written (full disk, read-only folder) costs a retrace next time,
+    never the estimate."""
     payload = {**dataclasses.asdict(counts), "trace_seconds": trace_seconds}
-    with tempfile.NamedTemporaryFile("w", dir=entry.parent, suffix=".tmp",
-                                     delete=False) as handle:
-        json.dump(payload, handle)
-    os.replace(handle.name, entry)
+    temporary = None
+    try:
+        entry.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", dir=entry.parent, suffix=".tmp",
+                                         delete=False) as handle:
+            temporary = Path(handle.name)
+            json.dump(payload, handle)
+        os.replace(temporary, entry)
+    except OSError:
+        if temporary is not None:
+            temporary.unlink(missing_ok=True)
 
 
 def _read_counts(entry: Path) -> tuple[IRCounts, float] | None:

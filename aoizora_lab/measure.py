@@ -408,8 +408,8 @@ def plans_to_compare(result: PlanResult, *, top: int = 3,
 
     _check_counts(top=top)
     best = result.best
-    workload, topology = best.workload, best.topology
-    attention = default_attention(topology)
+    workload, planned = best.workload, best.topology
+    attention = default_attention(planned)
     entries: list[tuple[list[str], Plan]] = []
 
     def add(label: str, plan: Plan) -> None:
@@ -422,7 +422,7 @@ def plans_to_compare(result: PlanResult, *, top: int = 3,
 
     for rank, (_, row) in enumerate(result.placements.head(top).iterrows(), start=1):
         candidate = Candidate.from_name(row["candidate"], attention=attention)
-        add(f"rank {rank}", Plan(workload, topology, candidate, row["placement"],
+        add(f"rank {rank}", Plan(workload, planned, candidate, row["placement"],
                                  _predicted(row), result.programs.get(candidate.name)))
     for _, row in result.baselines.iterrows():
         if row["status"] != "ok":
@@ -431,14 +431,14 @@ def plans_to_compare(result: PlanResult, *, top: int = 3,
             add("aoizora-lab", best)
             continue
         candidate = Candidate.from_name(row["candidate"], attention=attention)
-        placement = _baseline_placement(row["baseline"], candidate, topology)
+        placement = _baseline_placement(row["baseline"], candidate, planned)
         if placement.description != row["placement"]:
             raise AoizoraError(
                 f"Baseline {row['baseline']!r} rebuilt as {placement.description!r}, but the "
                 f"PlanResult scored {row['placement']!r}: baselines.py and this PlanResult "
                 "disagree; re-run plan() with this version of AoiZora Lab."
             )
-        add(row["baseline"], Plan(workload, topology, candidate, placement, _predicted(row),
+        add(row["baseline"], Plan(workload, planned, candidate, placement, _predicted(row),
                                   result.programs.get(candidate.name)))
     return {f"{' = '.join(labels)}: {plan.candidate.name} | {plan.placement.description}":
             plan if topology is None else retarget(plan, topology) for labels, plan in entries}

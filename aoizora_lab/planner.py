@@ -20,7 +20,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import pandas as pd
@@ -87,11 +87,20 @@ def breakdown(program: CommProgram, topology: Topology, placement: Placement) ->
     return pd.DataFrame(rows).sort_values("seconds", ascending=False).reset_index(drop=True)
 
 
+TOP_PLACEMENTS = 3
+"""Placements per candidate (best by communication) that are priced in full and ranked."""
+
+
 def plan(workload: Workload, topology: Topology, *, keep: int = 3, budget: int = 20_000,
-         top_placements: int = 3, num_layers: int | None = None,
+         top_placements: int = TOP_PLACEMENTS, num_layers: int | None = None,
          cache_dir: str | Path | None = None, executor: cf.Executor | None = None,
-         timeout_s: float = 900.0, quiet: bool = True) -> PlanResult:
-    """Search candidates and placements of ``workload`` on ``topology``; rank; compare."""
+         timeout_s: float = 900.0, quiet: bool = True,
+         ir_cache_dir: str | Path | Literal[False] | None = None) -> PlanResult:
+    """Search candidates and placements of ``workload`` on ``topology``; rank; compare.
+
+    ``cache_dir`` holds the compiles (default ``data/cache/compile``), ``ir_cache_dir`` the IR
+    traces (default ``data/cache/ir``; ``False``: trace afresh).
+    """
     from tqdm.auto import tqdm
 
     # Checked before anything is traced or compiled: a typo should not cost a sweep.
@@ -110,8 +119,16 @@ def plan(workload: Workload, topology: Topology, *, keep: int = 3, budget: int =
     table = explain_candidates(workload, topology)
     candidates = candidates_from_table(table, default_attention(topology))
     stage("candidates")
-    pruning = prune(candidates, workload, topology, keep=keep)
+    pruning = prune(candidates, workload, topology, keep=keep, ir_cache_dir=ir_cache_dir)
     survivors = [c for c in candidates if c.name in set(pruning[pruning["keep"]]["candidate"])]
+    if not survivors:
+        raise AoizoraError(
+            f"No candidate of {workload.name} on {topology.name} survived pruning: "
+            + "; ".join(f"{c}: {r[:160]}" for c, r in list(zip(
+                pruning["candidate"], pruning["reason"], strict=True))[:8])
+            + ". A model that cannot fit needs more chips (a larger slice) or a generation "
+            "with more HBM; a failed trace is a bug worth reporting with its message."
+        )
     stage("pruned")
     compiled = _compile(survivors, workload, topology, num_layers, cache_dir, executor,
                         timeout_s)
@@ -120,11 +137,9 @@ def plan(workload: Workload, topology: Topology, *, keep: int = 3, budget: int =
     for result in compiled:
         if result.status != "ok":
             continue
-        extra = [Placement(tuple(range(topology.num_devices)), "plain device order"),
-                 *_library_orders(result.candidate, topology)]
         found = search_placements(result.program, result.candidate.mesh_shape, topology,
                                   budget=budget, axis_names=result.candidate.axis_names,
-                                  extra=extra)
+                                  extra=search_starts(result.candidate, topology))
         for _, row in found.head(top_placements).iterrows():
             predicted = predict(result.program, topology, row["placement"])
             rows.append({"candidate": result.candidate.name, "placement": row["placement"],
@@ -147,7 +162,7 @@ def plan(workload: Workload, topology: Topology, *, keep: int = 3, budget: int =
                 winner.program,
                 breakdown(winner.program, topology, top["placement"]))
     baseline_table, best = _baselines(workload, topology, by_name, num_layers, cache_dir,
-                                      executor, timeout_s, best)
+                                      executor, timeout_s, best, ir_cache_dir)
     stage("baselines")
     progress.close()
     programs = {name: r.program for name, r in by_name.items() if r.status == "ok"}
@@ -155,12 +170,14 @@ def plan(workload: Workload, topology: Topology, *, keep: int = 3, budget: int =
                       programs)
 
 
-def _library_orders(candidate: Candidate, topology: Topology) -> list[Placement]:
-    """What ``jax.make_mesh`` and ``mesh_utils.create_device_mesh`` pick for ``candidate``,
-    where they accept its mesh (they refuse some shapes on some slices)."""
+def search_starts(candidate: Candidate, topology: Topology) -> list[Placement]:
+    """The device orders every placement search of ``candidate`` starts from besides the
+    structured ones: the plain device order, and what ``jax.make_mesh`` and
+    ``mesh_utils.create_device_mesh`` pick where they accept its mesh (they refuse some shapes
+    on some slices), so the search always sees what those libraries would do."""
+    orders = [Placement(tuple(range(topology.num_devices)), "plain device order")]
     if topology.devices is None:
-        return []
-    orders = []
+        return orders
     for build in (known.jax_default,
                   lambda c, t: known.device_mesh_order(c.mesh_shape, t)):
         try:
@@ -189,7 +206,8 @@ def compiled_table(compiled: list[CompiledCandidate]) -> pd.DataFrame:
 def _baselines(workload: Workload, topology: Topology,
                by_name: dict[str, CompiledCandidate], num_layers: int | None,
                cache_dir: str | Path | None, executor: cf.Executor | None, timeout_s: float,
-               best: Plan) -> tuple[pd.DataFrame, Plan]:
+               best: Plan, ir_cache_dir: str | Path | Literal[False] | None,
+               ) -> tuple[pd.DataFrame, Plan]:
     """Score every baseline; a baseline that beats the search becomes the plan (so the plan is
     never predicted slower than a baseline)."""
     identity = Placement(tuple(range(topology.num_devices)), "plain device order")
@@ -198,7 +216,7 @@ def _baselines(workload: Workload, topology: Topology,
                   key=lambda r: predict(r.program, topology, identity).total_s)
     builders = {
         "maxdiffusion": lambda: known.maxdiffusion(workload, topology),
-        "xdit-usp": lambda: known.xdit_usp(workload, topology),
+        "xdit-usp": lambda: known.xdit_usp(workload, topology, ir_cache_dir=ir_cache_dir),
         "jax-default": lambda: (best.candidate, known.jax_default(best.candidate, topology)),
         "logical-only": lambda: (logical.candidate, identity),
     }

@@ -29,7 +29,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
+from pathlib import Path
+from typing import Any, Literal
 
 import pandas as pd
 
@@ -44,21 +45,32 @@ GiB = 2**30
 
 
 def estimate_candidates(candidates: Sequence[Candidate], workload: Workload,
-                        topology: Topology, *, dtype: Any = None) -> dict[str, IREstimate | str]:
-    """IR estimate per candidate name, or the error text where tracing failed."""
+                        topology: Topology, *, dtype: Any = None,
+                        ir_cache_dir: str | Path | Literal[False] | None = None,
+                        ) -> dict[str, IREstimate | str]:
+    """IR estimate per candidate name, or the error text where tracing failed (traces cached
+    under ``ir_cache_dir``, see :func:`estimate_ir`)."""
     results: dict[str, IREstimate | str] = {}
     for candidate in candidates:
         try:
-            results[candidate.name] = estimate_ir(candidate, workload, topology, dtype=dtype)
+            results[candidate.name] = estimate_ir(candidate, workload, topology, dtype=dtype,
+                                                  cache_dir=ir_cache_dir)
         except Exception as err:  # one candidate's failure must not end the sweep
             results[candidate.name] = f"{type(err).__name__}: {err}"
     return results
 
 
+PRUNING_COLUMNS = ("candidate", "estimate_s", "lower_bound_s", "compute_estimate_s",
+                   "comm_estimate_s", "tflops_per_device", "comm_gb_per_device",
+                   "param_gib_per_device", "memory_lower_bound_gib", "keep", "reason")
+"""Columns of :func:`prune`'s table."""
+
+
 def prune(candidates: Sequence[Candidate], workload: Workload, topology: Topology, *,
           keep: int = 3, bound_margin: float = 0.25, estimate_margin: float = 0.1,
           max_fraction: float = 0.25, estimates: dict[str, IREstimate | str] | None = None,
-          dtype: Any = None) -> pd.DataFrame:
+          dtype: Any = None, ir_cache_dir: str | Path | Literal[False] | None = None,
+          ) -> pd.DataFrame:
     """One row per candidate, best estimate first: IR figures, ``keep`` and ``reason``."""
     if keep < 1 or bound_margin < 0 or estimate_margin < 0 or not 0 < max_fraction <= 1:
         raise AoizoraError(
@@ -67,7 +79,8 @@ def prune(candidates: Sequence[Candidate], workload: Workload, topology: Topolog
             f"max_fraction={max_fraction}."
         )
     budget = max(keep, math.floor(max_fraction * len(candidates)))
-    estimates = estimates or estimate_candidates(candidates, workload, topology, dtype=dtype)
+    estimates = estimates or estimate_candidates(candidates, workload, topology, dtype=dtype,
+                                                 ir_cache_dir=ir_cache_dir)
     usable = chip_spec(topology.generation).hbm_usable_bytes
     rows = []
     for candidate in candidates:
@@ -88,7 +101,7 @@ def prune(candidates: Sequence[Candidate], workload: Workload, topology: Topolog
             "memory_lower_bound_gib": result.memory_lower_bound_bytes / GiB,
             "keep": True, "reason": "",
         })
-    table = pd.DataFrame(rows)
+    table = pd.DataFrame(rows, columns=PRUNING_COLUMNS)  # every column, even if no trace ran
     traced = table["reason"] == ""
     fits = traced & (table["memory_lower_bound_gib"] * GiB <= usable)
     table.loc[traced & ~fits, "keep"] = False

@@ -122,9 +122,12 @@ def test_traces_are_cached_per_candidate_and_a_damaged_entry_is_retraced(tmp_pat
         assert result.collectives == fresh.collectives
         assert result.estimate_seconds == fresh.estimate_seconds
     # The bounds are derived for the slice asked for, not read from the cache.
-    wrapped = estimate_ir(candidate, workload, az.Topology.simulated((2, 4), wrap=(True, True)),
-                          cache_dir=tmp_path)
-    assert wrapped.lower_bound_seconds == fresh.lower_bound_seconds
+    faster = az.Topology.simulated((2, 4), generation="v6e")
+    on_faster = estimate_ir(candidate, workload, faster, cache_dir=tmp_path)
+    assert on_faster.lower_bound_seconds < fresh.lower_bound_seconds
+    for bound in ("lower_bound_seconds", "estimate_seconds"):
+        assert getattr(on_faster, bound) == getattr(
+            estimate_ir(candidate, workload, faster, cache_dir=False), bound)
     assert len(list(tmp_path.glob("*.json"))) == 1
     entry.write_text(entry.read_text()[:40])  # truncated
     repaired = estimate_ir(candidate, workload, topology, cache_dir=tmp_path)
@@ -134,3 +137,18 @@ def test_traces_are_cached_per_candidate_and_a_damaged_entry_is_retraced(tmp_pat
                         cache_dir=tmp_path)
     assert other.collectives != fresh.collectives
     assert len(list(tmp_path.glob("*.json"))) == 2
+
+
+def test_an_ir_cache_that_cannot_be_written_costs_a_retrace_not_the_estimate(tmp_path,
+                                                                            monkeypatch):
+    workload = az.Workload.preset("wan2.1-t2v-1.3b", "480p")
+    candidate, topology = Candidate.from_name("cfg2-uly4"), az.Topology.simulated((2, 4))
+    fresh = estimate_ir(candidate, workload, topology, cache_dir=False)
+
+    def disk_full(*_, **__):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr("os.replace", disk_full)
+    estimate = estimate_ir(candidate, workload, topology, cache_dir=tmp_path / "ir")
+    assert estimate.collectives == fresh.collectives
+    assert list((tmp_path / "ir").iterdir()) == []  # no entry, no temporary file left

@@ -113,14 +113,32 @@ def test_planned_plans_are_timed_and_ranked_against_their_predictions(planned):
     _compare_is_consistent(measure.compare_plans(plans, rounds=2, steps=2, warmup=1), plans, 4)
 
 
+def _renumbered(host_slice):
+    """The same 8 host devices, numbered in another order (as a live VM may number its chips)."""
+    shuffled = np.random.default_rng(0).permutation(8)
+    return az.Topology(generation="v5e", shape=(2, 4), wrap=(False, False),
+                       coords=host_slice.coords[shuffled],
+                       devices=[host_slice.devices[i] for i in shuffled], source="host devices")
+
+
+@pytest.mark.slow
+def test_plans_to_compare_moves_every_plan_onto_the_live_slice(planned, host_slice):
+    live = _renumbered(host_slice)
+    plans = measure.plans_to_compare(planned, top=2)
+    moved = measure.plans_to_compare(planned, top=2, topology=live)
+    assert list(moved) == list(plans)
+    for name, plan_here in plans.items():
+        there = moved[name]
+        assert there.topology is live and there.candidate == plan_here.candidate
+        chips = [tuple(plan_here.topology.coords[i]) for i in plan_here.placement.order]
+        assert [tuple(live.coords[i]) for i in there.placement.order] == chips
+
+
 def test_a_plan_moves_onto_another_numbering_of_the_same_chips(host_slice):
     candidate = Candidate.from_name("cfg2-ctx4", attention="blockwise")
     made = Plan(WORKLOAD, az.Topology.simulated((2, 4)), candidate,
                 Placement((0, 2, 4, 6, 1, 3, 5, 7), "cfg on x"), Predicted(1.0, 1.0, 2.0))
-    shuffled = np.random.default_rng(0).permutation(8)
-    live = az.Topology(generation="v5e", shape=(2, 4), wrap=(False, False),
-                       coords=host_slice.coords[shuffled],
-                       devices=[host_slice.devices[i] for i in shuffled], source="host devices")
+    live = _renumbered(host_slice)
     moved = measure.retarget(made, live)
     chips = [tuple(made.topology.coords[i]) for i in made.placement.order]
     assert [tuple(live.coords[i]) for i in moved.placement.order] == chips

@@ -60,3 +60,26 @@ def test_bad_pruning_options_are_named(swept):
     workload, topology, candidates, estimates = swept
     with pytest.raises(az.AoizoraError, match="keep=0"):
         prune(candidates, workload, topology, keep=0, estimates=estimates)
+
+
+def test_when_every_trace_fails_the_table_is_whole_and_plan_says_why(monkeypatch):
+    import jax
+
+    from aoizora_lab.planner import plan
+    from aoizora_lab.prune import PRUNING_COLUMNS
+
+    def broken(*_, **__):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr("aoizora_lab.prune.estimate_ir", broken)
+    tiny = az.WanConfig(dim=64, ffn_dim=128, num_heads=8, num_layers=2, text_dim=32,
+                        text_len=8, freq_dim=32)
+    workload = az.Workload(model=tiny, height=32, width=48, frames=5, text_len=8)
+    host = az.Topology.simulated((2, 4), devices=jax.devices()[:8])
+    candidates = enumerate_candidates(workload, host)
+    table = prune(candidates, workload, host, ir_cache_dir=False)
+    assert tuple(table.columns) == PRUNING_COLUMNS and len(table) == len(candidates)
+    assert not table["keep"].any()
+    assert (table["reason"] == "trace failed: RuntimeError: boom").all()
+    with pytest.raises(az.AoizoraError, match=r"survived pruning: .*trace failed: RuntimeError"):
+        plan(workload, host, ir_cache_dir=False)

@@ -712,6 +712,31 @@ def test_a_garbage_meta_file_is_recompiled_never_returned(pristine, tmp_path):
     assert read_entry(tmp_path / source.name) is not None  # rewritten whole
 
 
+def test_a_half_removed_entry_is_cleared_and_written_afresh(pristine, tmp_path):
+    # Another process removing a damaged entry deletes meta.json first: the folder stays a while.
+    source, first = pristine
+    shutil.copytree(source, tmp_path / source.name)
+    (tmp_path / source.name / "meta.json").unlink()
+    host = az.Topology.simulated((2, 4), devices=jax.devices()[:8])
+    [again] = compile_candidates([Candidate.from_name(HOST_CANDIDATE, attention="blockwise")],
+                                 WORKLOAD, host, cache_dir=tmp_path)
+    assert again.status == "ok" and not again.cached and again.program == first.program
+    assert read_entry(tmp_path / source.name)["status"] == "ok"
+
+
+def test_a_cache_that_cannot_be_written_is_a_status_not_a_crash(tmp_path, monkeypatch):
+    def disk_full(*_):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr("aoizora_lab.compile.write_entry", disk_full)
+    host = az.Topology.simulated((2, 4), devices=jax.devices()[:8])
+    names = [HOST_CANDIDATE, "cfg2-ring4"]
+    results = compile_candidates([Candidate.from_name(n, attention="blockwise") for n in names],
+                                 WORKLOAD, host, cache_dir=tmp_path)
+    assert [r.candidate.name for r in results] == names  # the sweep finished
+    assert all(r.status == "error" and "No space left on device" in r.message for r in results)
+
+
 def test_staging_left_by_a_killed_writer_is_swept_later(tmp_path):
     entry = tmp_path / "abc123"
     stale, live = tmp_path / ".abc123-killed", tmp_path / ".abc123-writing"
