@@ -150,7 +150,8 @@ def _bench_command(args: argparse.Namespace) -> int:
              (f"--num-layers {args.num_layers}", args.num_layers is not None),
              ("--skip-exhaustive", args.skip_exhaustive),
              (f"--cases {' '.join(args.cases or [])}", bool(args.cases)),
-             (f"--search-cases {' '.join(args.search_cases or [])}", bool(args.search_cases))]
+             (f"--search-cases {' '.join(args.search_cases or [])}", bool(args.search_cases)),
+             (f"--cache-dir {args.cache_dir}", args.cache_dir is not None)]
     command = " ".join(["aoizora-lab bench", *(flag for flag, used in flags if used)])
     path = run_all(quick=args.quick, out=args.out, only=args.only, num_layers=args.num_layers,
                    skip_exhaustive=args.skip_exhaustive, cache_dir=args.cache_dir,

@@ -1,6 +1,6 @@
 """Placements scored per second by the placement search, on Wan-sized programs.
 
-    python benchmarks/placement_throughput.py [--evaluations 20000]
+    python benchmarks/placement_throughput.py [--evaluations 20000] [--cache-dir DIR]
 
 For each slice, compiles (or takes from the compile cache) a Wan 2.1 candidate, builds its
 CommProgram, and times the scorer on the search's own workload: every structured placement,
@@ -30,9 +30,12 @@ def run(evaluations: int = 20_000, *, cases: list | None = None,
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--evaluations", type=int, default=20_000)
+    parser.add_argument("--evaluations", type=int, default=20_000,
+                        help="placements to score per slice")
+    parser.add_argument("--cache-dir", default=None, help="compile cache (default: the repo's)")
     args = parser.parse_args()
-    print(run(args.evaluations).to_string(index=False, float_format=lambda v: f"{v:.3g}"))
+    table = run(args.evaluations, cache_dir=args.cache_dir)
+    print(table.to_string(index=False, float_format=lambda v: f"{v:.3g}"))
 
 
 if __name__ == "__main__":

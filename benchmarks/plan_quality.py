@@ -1,6 +1,6 @@
 """Plan quality: the AoiZora Lab plan against every baseline, placement alone, the roofline.
 
-    python benchmarks/plan_quality.py [--matrix wan2.1-t2v-14b@720p/v5e:4x4 ...] \
+    python benchmarks/plan_quality.py [--cases wan2.1-t2v-14b@720p/v5e:4x4 ...] \
         [--num-layers 2] [--budget 20000] [--cache-dir DIR]
 
 For each workload x slice (default: ``aoizora_lab.bench.DEFAULT_MATRIX``) runs the planner
@@ -28,7 +28,7 @@ def run(cases: Iterable[Case] = DEFAULT_MATRIX, *, num_layers: int | None = None
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--matrix", nargs="+", metavar="WORKLOAD/SLICE", type=bench.parse_case,
+    parser.add_argument("--cases", nargs="+", metavar="MODEL@RES/SLICE", type=bench.parse_case,
                         default=list(DEFAULT_MATRIX),
                         help="cases, e.g. wan2.1-t2v-14b@720p/v5e:4x4 (default: issue 8's)")
     parser.add_argument("--num-layers", type=int, default=None,
@@ -40,7 +40,7 @@ def main() -> None:
 
     import pandas as pd
 
-    result = run(args.matrix, num_layers=args.num_layers, budget=args.budget,
+    result = run(args.cases, num_layers=args.num_layers, budget=args.budget,
                  cache_dir=args.cache_dir)
     with pd.option_context("display.width", 250, "display.max_columns", 40,
                            "display.max_colwidth", 60):

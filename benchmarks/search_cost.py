@@ -1,6 +1,6 @@
 """Search cost: planner wall time cold and warm, what it compiles, against exhaustive search.
 
-    python benchmarks/search_cost.py [--workloads wan2.1-t2v-14b@720p/v5e:4x4 ...] \
+    python benchmarks/search_cost.py [--cases wan2.1-t2v-14b@720p/v5e:4x4 ...] \
         [--num-layers 2] [--budget 20000] [--skip-exhaustive]
 
 Cold = an empty compile cache (a fresh temporary folder); warm = the same cache again. The
@@ -29,7 +29,7 @@ def run(cases: Iterable[Case] = SEARCH_COST_MATRIX, *, num_layers: int | None = 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--workloads", nargs="+", metavar="WORKLOAD/SLICE",
+    parser.add_argument("--cases", nargs="+", metavar="MODEL@RES/SLICE",
                         type=bench.parse_case, default=list(SEARCH_COST_MATRIX),
                         help="cases, e.g. wan2.1-t2v-14b@720p/v5e:4x4 (the default)")
     parser.add_argument("--num-layers", type=int, default=None,
@@ -42,7 +42,7 @@ def main() -> None:
 
     import pandas as pd
 
-    result = run(args.workloads, num_layers=args.num_layers, budget=args.budget,
+    result = run(args.cases, num_layers=args.num_layers, budget=args.budget,
                  exhaustive=not args.skip_exhaustive)
     with pd.option_context("display.width", 250, "display.max_columns", 40,
                            "display.max_colwidth", 60):

@@ -92,7 +92,7 @@ viz.show(figure)
 
 # %%
 kept = table[table["keep"]]
-record("traced_candidates", len(candidates))
+record("traced_candidates", int((~table["reason"].str.startswith("trace failed")).sum()))
 record("kept_candidates", len(kept))
 record("best_estimate_candidate", str(kept.iloc[0]["candidate"]))
 record("best_estimate_s", float(kept.iloc[0]["estimate_s"]))

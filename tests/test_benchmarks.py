@@ -121,7 +121,7 @@ def test_bench_command_writes_the_report(quality, cost, throughput, slice_2x2, c
     text = out.read_text()
     assert text.startswith("# AoiZora Lab benchmarks\n")
     assert (f"`aoizora-lab bench --quick --out {out} --only plan-quality "
-            "placement-throughput`") in text
+            f"placement-throughput --cache-dir {cache}`") in text
     for heading in ("## Plan quality", "## Placement throughput"):
         assert f"\n{heading}\n" in text
     assert "**jax**: " in text and "**libtpu**: " in text and " cores, " in text
