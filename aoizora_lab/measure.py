@@ -424,41 +424,15 @@ def plans_to_compare(result: PlanResult, *, top: int = 3,
         candidate = Candidate.from_name(row["candidate"], attention=attention)
         add(f"rank {rank}", Plan(workload, planned, candidate, row["placement"],
                                  _predicted(row), result.programs.get(candidate.name)))
-    for _, row in result.baselines.iterrows():
-        if row["status"] != "ok":
-            continue
-        if row["baseline"] == "aoizora-lab":
-            add("aoizora-lab", best)
-            continue
-        candidate = Candidate.from_name(row["candidate"], attention=attention)
-        placement = _baseline_placement(row["baseline"], candidate, planned)
-        if placement.description != row["placement"]:
-            raise AoizoraError(
-                f"Baseline {row['baseline']!r} rebuilt as {placement.description!r}, but the "
-                f"PlanResult scored {row['placement']!r}: baselines.py and this PlanResult "
-                "disagree; re-run plan() with this version of AoiZora Lab."
-            )
-        add(row["baseline"], Plan(workload, planned, candidate, placement, _predicted(row),
-                                  result.programs.get(candidate.name)))
+    add("aoizora-lab", best)
+    for name, baseline in result.baseline_plans.items():
+        add(name, baseline)
     return {f"{' = '.join(labels)}: {plan.candidate.name} | {plan.placement.description}":
             plan if topology is None else retarget(plan, topology) for labels, plan in entries}
 
 
 def _predicted(row: Mapping[str, Any]) -> Predicted:
     return Predicted(float(row["compute_s"]), float(row["comm_s"]), float(row["total_s"]))
-
-
-def _baseline_placement(name: str, candidate: Any, topology: Topology) -> Any:
-    """The device order baseline ``name`` puts ``candidate`` in (see :mod:`baselines`)."""
-    from aoizora_lab import baselines as known
-
-    if name == "maxdiffusion":
-        return known.device_mesh_order(candidate.mesh_shape, topology)
-    if name == "jax-default":
-        return known.jax_default(candidate, topology)
-    if name in ("xdit-usp", "logical-only"):
-        return Placement(tuple(range(topology.num_devices)), "plain device order")
-    raise AoizoraError(f"Unknown baseline {name!r}; known baselines are {known.BASELINES}.")
 
 
 # ----------------------------------------------------------------------------- microbenchmarks

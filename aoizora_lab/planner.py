@@ -62,6 +62,8 @@ class PlanResult:
     best: Plan
     programs: dict[str, CommProgram]
     """The compiled program of every candidate that compiled (baselines' included), by name."""
+    baseline_plans: dict[str, Plan]
+    """Every scored baseline (the ``ok`` rows of ``baselines``) as a plan, by baseline name."""
 
 
 def predict(program: CommProgram, topology: Topology, placement: Placement | Any) -> Predicted:
@@ -161,13 +163,14 @@ def plan(workload: Workload, topology: Topology, *, keep: int = 3, budget: int =
                 Predicted(float(top["compute_s"]), float(top["comm_s"]), float(top["total_s"])),
                 winner.program,
                 breakdown(winner.program, topology, top["placement"]))
-    baseline_table, best = _baselines(workload, topology, by_name, num_layers, cache_dir,
-                                      executor, timeout_s, best, ir_cache_dir)
+    baseline_table, baseline_plans, best = _baselines(
+        workload, topology, by_name, num_layers, cache_dir, executor, timeout_s, best,
+        ir_cache_dir)
     stage("baselines")
     progress.close()
     programs = {name: r.program for name, r in by_name.items() if r.status == "ok"}
     return PlanResult(table, pruning, compiled_table(compiled), ranking, baseline_table, best,
-                      programs)
+                      programs, baseline_plans)
 
 
 def search_starts(candidate: Candidate, topology: Topology) -> list[Placement]:
@@ -207,7 +210,7 @@ def _baselines(workload: Workload, topology: Topology,
                by_name: dict[str, CompiledCandidate], num_layers: int | None,
                cache_dir: str | Path | None, executor: cf.Executor | None, timeout_s: float,
                best: Plan, ir_cache_dir: str | Path | Literal[False] | None,
-               ) -> tuple[pd.DataFrame, Plan]:
+               ) -> tuple[pd.DataFrame, dict[str, Plan], Plan]:
     """Score every baseline; a baseline that beats the search becomes the plan (so the plan is
     never predicted slower than a baseline)."""
     identity = Placement(tuple(range(topology.num_devices)), "plain device order")
@@ -230,7 +233,7 @@ def _baselines(workload: Workload, topology: Topology,
     for result in _compile(missing, workload, topology, num_layers, cache_dir, executor,
                            timeout_s):
         by_name[result.candidate.name] = result
-    rows = []
+    rows, plans = [], {}
     for name, candidate, placement in entries:
         result = by_name.get(candidate.name) if candidate is not None else None
         if result is None or result.status != "ok":
@@ -242,13 +245,14 @@ def _baselines(workload: Workload, topology: Topology,
         rows.append({"baseline": name, "candidate": candidate.name,
                      "placement": placement.description, "status": "ok",
                      **predicted.__dict__})
+        plans[name] = Plan(workload, topology, candidate, placement, predicted, result.program,
+                           breakdown(result.program, topology, placement))
         if predicted.total_s < best.predicted.total_s:
-            best = Plan(workload, topology, candidate, placement, predicted, result.program,
-                        breakdown(result.program, topology, placement))
+            best = plans[name]
     rows.insert(0, {"baseline": "aoizora-lab", "candidate": best.candidate.name,
                     "placement": best.placement.description, "status": "ok",
                     **best.predicted.__dict__})
     frame = pd.DataFrame(rows)
     frame["speedup_of_plan"] = frame["total_s"] / best.predicted.total_s
-    return frame, best
+    return frame, plans, best
 
