@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from aoizora_lab.candidates import Candidate
-from aoizora_lab.errors import AoizoraError
+from aoizora_lab.errors import AoizoraError, is_whole
 from aoizora_lab.hlo import CommProgram, parse_hlo
 from aoizora_lab.topology import Topology
 from aoizora_lab.workload import Workload
@@ -132,9 +132,7 @@ def check_compilable(topology: Topology) -> None:
 
 def check_num_layers(num_layers: Any, model_layers: int) -> None:
     """Raise :class:`AoizoraError` unless ``num_layers`` is None or 1..``model_layers``."""
-    if num_layers is not None and not (
-            isinstance(num_layers, int) and not isinstance(num_layers, bool)
-            and 1 <= num_layers <= model_layers):
+    if num_layers is not None and not is_whole(num_layers, 1, model_layers):
         raise AoizoraError(
             f"num_layers={num_layers!r} must be between 1 and the model's {model_layers} "
             "(or None for the full depth)."

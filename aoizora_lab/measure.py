@@ -80,7 +80,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from aoizora_lab.comm_model import Collective, CommEstimate, ModelOptions, estimate
-from aoizora_lab.errors import AoizoraError
+from aoizora_lab.errors import AoizoraError, is_whole
 from aoizora_lab.hardware import ChipSpec, chip_spec, save_calibration
 from aoizora_lab.models.wan import init_params, load_official_weights
 from aoizora_lab.placement import Placement
@@ -162,7 +162,7 @@ def _timed(call: Callable[[], Any], *, steps: int, warmup: int) -> Timing:
 def _check_counts(**counts: int) -> None:
     for name, value in counts.items():
         minimum = 0 if name == "warmup" else 1
-        if not isinstance(value, int) or value < minimum:
+        if not is_whole(value, minimum):
             raise AoizoraError(f"{name}={value!r} must be an integer >= {minimum}.")
 
 

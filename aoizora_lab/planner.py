@@ -39,7 +39,7 @@ from aoizora_lab.compile import (
     check_num_layers,
     compile_candidates,
 )
-from aoizora_lab.errors import AoizoraError
+from aoizora_lab.errors import AoizoraError, is_whole
 from aoizora_lab.hardware import chip_spec
 from aoizora_lab.hlo import CommProgram
 from aoizora_lab.placement import Placement, search_placements
@@ -110,7 +110,7 @@ def plan(workload: Workload, topology: Topology, *, keep: int = 3, budget: int =
     check_num_layers(num_layers, workload.config().num_layers)
     for name, value, least in (("keep", keep, 1), ("budget", budget, 0),
                                ("top_placements", top_placements, 1)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < least:
+        if not is_whole(value, least):
             raise AoizoraError(f"plan({name}={value!r}): must be a whole number >= {least}.")
     progress = tqdm(total=5, desc="plan", disable=quiet)
 

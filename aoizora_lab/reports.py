@@ -60,7 +60,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal
 
-from aoizora_lab.errors import AoizoraError
+from aoizora_lab.errors import AoizoraError, is_whole
 
 if TYPE_CHECKING:
     import nbformat
@@ -204,7 +204,7 @@ def _check_library_parameters(parameters: Mapping[str, Any]) -> None:
     size = parameters.get("size")
     if "size" in parameters and not (
             isinstance(size, list) and len(size) == 2
-            and all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in size)):
+            and all(is_whole(v) for v in size)):
         raise AoizoraError(
             f"size={size!r} must be [width, height] in pixels, e.g. [832, 480] (480p) or "
             "[1280, 720] (720p).")
@@ -249,12 +249,11 @@ def notebook_inputs(*, model: Any, size: Any, frames: Any, topology: Any, layers
                                "topology": topology})
     workload = Workload(model=model, width=size[0], height=size[1], frames=frames)
     depth = workload.config().num_layers
-    if layers is not None and not (isinstance(layers, int) and not isinstance(layers, bool)
-                                   and 2 <= layers <= depth):
+    if layers is not None and not is_whole(layers, 2, depth):
         raise AoizoraError(
             f"layers={layers!r}: compile 2..{depth} layers of {model} (the layer loop is scaled "
             "to the full depth), or None for the full depth.")
-    if not (isinstance(budget, int) and not isinstance(budget, bool) and budget >= 0):
+    if not is_whole(budget, 0):
         raise AoizoraError(f"budget={budget!r} must be a whole number of placement "
                            "evaluations >= 0, e.g. 20000.")
     return NotebookInputs(workload, Topology.from_name(topology), layers, budget)

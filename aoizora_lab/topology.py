@@ -31,7 +31,6 @@ from __future__ import annotations
 import functools
 import itertools
 import math
-import numbers
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -40,7 +39,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from aoizora_lab.deviceless import deviceless_devices
-from aoizora_lab.errors import AoizoraError
+from aoizora_lab.errors import AoizoraError, is_whole
 from aoizora_lab.hardware import GENERATIONS, check_generation
 
 Shape = tuple[int, ...]
@@ -114,9 +113,7 @@ def check_shape(shape: Any, what: str = "Slice shape") -> Shape:
         dims = tuple(shape)
     except TypeError:
         dims = ()
-    if isinstance(shape, str) or not dims or not all(
-            isinstance(n, numbers.Integral) and not isinstance(n, bool) and n >= 1
-            for n in dims):
+    if isinstance(shape, str) or not dims or not all(is_whole(n) for n in dims):
         raise AoizoraError(
             f"{what} {shape!r} must be one or more positive whole chip counts, one per physical "
             "axis, e.g. (4, 4) or (2, 2, 4); for a slice name such as 'v5e:4x4' use "

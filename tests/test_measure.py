@@ -292,3 +292,14 @@ def test_only_process_zero_writes(monkeypatch, tmp_path):
     assert not measure.is_writer()
     assert measure.write_calibration(calibration, tmp_path / "out") is None
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("counts", [{"steps": 0}, {"steps": True}, {"warmup": -1},
+                                    {"steps": 2.5}])
+def test_bad_repeat_counts_are_named_before_anything_runs(host_slice, counts):
+    candidate = Candidate.from_name("cfg2-ctx4", attention="blockwise")
+    realised = Plan(WORKLOAD, host_slice, candidate, Placement(tuple(range(8))),
+                    Predicted(1.0, 1.0, 2.0))
+    name, value = next(iter(counts.items()))
+    with pytest.raises(az.AoizoraError, match=rf"{name}={value!r} must be an integer"):
+        measure.time_plan(realised, **counts)

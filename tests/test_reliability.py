@@ -895,3 +895,14 @@ def test_a_notebook_whose_kernel_dies_is_a_failed_row_and_the_rest_still_run(tmp
     assert "1 ok, 1 failed" in index
     assert "failed: <code>DeadKernelError: Kernel died</code>" in index
     assert 'href="r/dies.ipynb">partial notebook</a>' in index
+
+
+@given(st.one_of(st.booleans(), st.floats(), st.text(max_size=3), st.integers(max_value=0),
+                 st.none()))
+def test_counts_that_are_not_positive_whole_numbers_are_refused(value):
+    import numpy as np
+
+    from aoizora_lab.errors import is_whole
+
+    assert not is_whole(value)
+    assert is_whole(np.int64(3)) and is_whole(0, minimum=0) and not is_whole(5, maximum=4)
