@@ -43,7 +43,7 @@ from aoizora_lab.errors import AoizoraError, is_whole
 from aoizora_lab.hardware import chip_spec
 from aoizora_lab.hlo import CommProgram
 from aoizora_lab.placement import Placement, search_placements
-from aoizora_lab.prune import prune
+from aoizora_lab.prune import prune, survivors
 from aoizora_lab.realize import Plan, Predicted
 from aoizora_lab.topology import Topology
 from aoizora_lab.workload import Workload
@@ -122,8 +122,8 @@ def plan(workload: Workload, topology: Topology, *, keep: int = 3, budget: int =
     candidates = candidates_from_table(table, default_attention(topology))
     stage("candidates")
     pruning = prune(candidates, workload, topology, keep=keep, ir_cache_dir=ir_cache_dir)
-    survivors = [c for c in candidates if c.name in set(pruning[pruning["keep"]]["candidate"])]
-    if not survivors:
+    kept = survivors(candidates, pruning)
+    if not kept:
         raise AoizoraError(
             f"No candidate of {workload.name} on {topology.name} survived pruning: "
             + "; ".join(f"{c}: {r[:160]}" for c, r in list(zip(
@@ -132,7 +132,7 @@ def plan(workload: Workload, topology: Topology, *, keep: int = 3, budget: int =
             "with more HBM; a failed trace is a bug worth reporting with its message."
         )
     stage("pruned")
-    compiled = _compile(survivors, workload, topology, num_layers, cache_dir, executor,
+    compiled = _compile(kept, workload, topology, num_layers, cache_dir, executor,
                         timeout_s)
     stage("compiled")
     rows = []

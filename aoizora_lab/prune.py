@@ -135,6 +135,13 @@ def prune(candidates: Sequence[Candidate], workload: Workload, topology: Topolog
     return pd.concat([_ranked(table[traced]), table[~traced]]).reset_index(drop=True)
 
 
+def survivors(candidates: Sequence[Candidate], pruning: pd.DataFrame) -> list[Candidate]:
+    """The candidates ``pruning`` (a :func:`prune` table) kept, in ``candidates``' order:
+    what the compile stage compiles."""
+    kept = set(pruning.loc[pruning["keep"].astype(bool), "candidate"])
+    return [c for c in candidates if c.name in kept]
+
+
 def _ranked(table: pd.DataFrame) -> pd.DataFrame:
     """Best estimate first; estimates equal to 3 significant digits go to less communication."""
     tie = table["estimate_s"].map(lambda v: float(f"{v:.3g}"))

@@ -42,7 +42,7 @@ from aoizora_lab import viz
 from aoizora_lab.candidates import candidates_from_table, default_attention, explain_candidates
 from aoizora_lab.compile import compile_candidates
 from aoizora_lab.planner import compiled_table
-from aoizora_lab.prune import prune
+from aoizora_lab.prune import prune, survivors
 from aoizora_lab.reports import notebook_inputs, record
 
 inputs = notebook_inputs(model=model, size=size, frames=frames, topology=topology,
@@ -51,8 +51,8 @@ workload, slice_ = inputs.workload, inputs.topology
 candidates = candidates_from_table(explain_candidates(workload, slice_),
                                    default_attention(slice_))
 pruning = prune(candidates, workload, slice_)
-survivors = [c for c in candidates if c.name in set(pruning[pruning["keep"]]["candidate"])]
-compiled = compile_candidates(survivors, workload, slice_, num_layers=inputs.layers)
+compiled = compile_candidates(survivors(candidates, pruning), workload, slice_,
+                              num_layers=inputs.layers)
 display(compiled_table(compiled).round(3))
 
 # %% [markdown]

@@ -37,6 +37,17 @@ def test_pruning_keeps_a_minority_and_explains_every_row(swept):
     assert (table["lower_bound_s"] <= table["estimate_s"]).all()
 
 
+def test_survivors_are_the_kept_candidates_in_enumeration_order(swept):
+    from aoizora_lab.prune import survivors
+
+    workload, topology, candidates, estimates = swept
+    table = prune(candidates, workload, topology, estimates=estimates)
+    kept = survivors(candidates, table)
+    assert {c.name for c in kept} == set(table.loc[table["keep"], "candidate"])
+    positions = [candidates.index(c) for c in kept]
+    assert positions == sorted(positions)
+
+
 def test_a_candidate_whose_weights_do_not_fit_is_dropped_for_memory():
     workload = az.Workload.preset("wan2.1-t2v-14b", "720p")
     topology = az.Topology.from_name("v5e:4x4")
