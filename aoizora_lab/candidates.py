@@ -22,7 +22,6 @@ passes), ``uly16`` is out (40 heads do not divide by 16), ``cfg2-uly8`` (no fsdp
 from __future__ import annotations
 
 import math
-import numbers
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -33,7 +32,7 @@ import jax.numpy as jnp
 from jax.sharding import AbstractMesh, Mesh
 from jax.sharding import PartitionSpec as P
 
-from aoizora_lab.errors import AoizoraError
+from aoizora_lab.errors import AoizoraError, is_whole
 from aoizora_lab.hardware import chip_spec
 from aoizora_lab.models.attention import check_backend
 from aoizora_lab.models.parallel import ROLES, ParallelPlan, spec_shards
@@ -95,7 +94,7 @@ class Candidate:
         if unknown:
             raise AoizoraError(f"Unknown roles [{', '.join(unknown)}]; roles are {list(ROLES)}.")
         bad = {role: d for role, d in degrees.items()
-               if not isinstance(d, numbers.Integral) or isinstance(d, bool) or d < 1}
+               if not is_whole(d)}
         if bad:
             raise AoizoraError(
                 f"Role degrees {bad} must be whole numbers of at least 1 (1 = role unused)."

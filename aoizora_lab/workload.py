@@ -21,7 +21,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from aoizora_lab.errors import AoizoraError
+from aoizora_lab.errors import AoizoraError, is_whole
 from aoizora_lab.models.parallel import ParallelPlan
 from aoizora_lab.models.wan import CLIP_DIM, CLIP_TOKENS, Params, WanConfig, forward
 
@@ -58,7 +58,7 @@ class Workload:
         model = self.config()
         for name in ("height", "width", "frames", "text_len"):
             value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            if not is_whole(value):
                 raise AoizoraError(f"Workload.{name}={value!r} must be a positive integer.")
         if not isinstance(self.cfg, bool):
             raise AoizoraError(

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,7 +38,7 @@ from jax import lax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from aoizora_lab.errors import AoizoraError
+from aoizora_lab.errors import AoizoraError, is_whole
 from aoizora_lab.models.parallel import ParallelPlan
 from aoizora_lab.models.safetensors_io import load_safetensors
 
@@ -105,7 +104,7 @@ class WanConfig:
         for name in ("text_len", "in_dim", "dim", "ffn_dim", "freq_dim", "text_dim", "out_dim",
                      "num_heads", "num_layers"):
             value = getattr(self, name)
-            if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 1:
+            if not is_whole(value):
                 raise AoizoraError(f"WanConfig.{name}={value!r} must be a positive integer.")
         if self.dim % self.num_heads or (self.dim // self.num_heads) % 2:
             raise AoizoraError(
