@@ -763,27 +763,30 @@ def run_all(*, quick: bool = False, out: str | Path = "reports/benchmarks.md",
         raise AoizoraError(f"Unknown benchmarks {unknown}; choose from {list(names)}.")
     layers = num_layers if num_layers is not None else (QUICK_LAYERS if quick else None)
     evaluations = evaluations or (2_000 if quick else 20_000)
-    sections = []
+    path = Path(out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    sections: list[str] = []
+
+    def add(section: str) -> None:
+        # Written after every benchmark, so an interrupted run keeps the finished ones.
+        sections.append(section)
+        path.write_text(render_report(sections, command=command))
+
     if "plan-quality" in chosen:
         matrix = ([parse_case(c) for c in cases] if cases
                   else QUICK_MATRIX if quick else DEFAULT_MATRIX)
-        sections.append(plan_quality(matrix,
-                                     num_layers=layers, cache_dir=cache_dir,
-                                     progress=progress).markdown())
+        add(plan_quality(matrix, num_layers=layers, cache_dir=cache_dir,
+                         progress=progress).markdown())
     if "search-cost" in chosen:
         matrix = ([parse_case(c) for c in search_cases] if search_cases
                   else QUICK_MATRIX if quick else SEARCH_COST_MATRIX)
-        sections.append(search_cost(matrix,
-                                    num_layers=layers, exhaustive=not skip_exhaustive,
-                                    progress=progress).markdown())
+        add(search_cost(matrix, num_layers=layers, exhaustive=not skip_exhaustive,
+                        progress=progress).markdown())
     if "placement-throughput" in chosen:
         if progress:
             progress("placement throughput")
         table = placement_throughput(evaluations,
                                      THROUGHPUT_CASES[:1] if quick else THROUGHPUT_CASES,
                                      cache_dir=cache_dir)
-        sections.append(throughput_markdown(table, evaluations))
-    path = Path(out)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(render_report(sections, command=command))
+        add(throughput_markdown(table, evaluations))
     return path

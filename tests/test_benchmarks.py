@@ -170,3 +170,20 @@ def test_cases_and_the_bench_command_line():
     assert args.search_cases == ["wan2.1-t2v-1.3b@480p/v5e:2x2"]
     with pytest.raises(az.AoizoraError, match="MODEL@RESOLUTION/SLICE"):
         bench.run_all(only=["plan-quality"], cases=["v5e:2x4"])  # refused before any work
+
+
+def test_an_interrupted_bench_keeps_the_benchmarks_that_finished(tmp_path, monkeypatch):
+    class Finished:
+        def markdown(self):
+            return "## Plan quality\n\nfinished table\n"
+
+    def interrupted(*_, **__):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(bench, "plan_quality", lambda *_, **__: Finished())
+    monkeypatch.setattr(bench, "search_cost", interrupted)
+    out = tmp_path / "benchmarks.md"
+    with pytest.raises(KeyboardInterrupt):
+        bench.run_all(quick=True, out=out, only=["plan-quality", "search-cost"])
+    text = out.read_text()
+    assert "## Plan quality\n\nfinished table" in text and "## Search cost" not in text
