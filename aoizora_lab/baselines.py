@@ -15,14 +15,12 @@ Each returns ``(candidate, placement)``; :mod:`aoizora_lab.planner` compiles and
 from __future__ import annotations
 
 from collections.abc import Sequence
-from pathlib import Path
-from typing import Literal
 
 import numpy as np
 
 from aoizora_lab.candidates import Candidate, default_attention, explain_candidates
 from aoizora_lab.errors import AoizoraError
-from aoizora_lab.ir import estimate_ir
+from aoizora_lab.ir import IRCacheDir, estimate_ir
 from aoizora_lab.placement import Placement
 from aoizora_lab.topology import Topology
 from aoizora_lab.workload import Workload
@@ -60,7 +58,7 @@ def device_mesh_order(mesh_shape: Sequence[int], topology: Topology) -> Placemen
 
 
 def xdit_usp(workload: Workload, topology: Topology, *,
-             ir_cache_dir: str | Path | Literal[False] | None = None,
+             ir_cache_dir: IRCacheDir = None,
              ) -> tuple[Candidate, Placement]:
     """Best Ulysses x ring (no CFG parallelism) by IR estimate, plain device order."""
     table = explain_candidates(workload, topology)

@@ -67,6 +67,8 @@ ASYNC_KINDS = ("all-gather", "collective-permute")
 context K/V) and every ring permute were ``*-start`` ops; every all-to-all and the tensor-
 parallel all-reduces synchronous); the IR applies the planner's overlap rule with them."""
 IR_CACHE_DIR = Path(__file__).resolve().parent.parent / "data" / "cache" / "ir"
+IRCacheDir = str | Path | Literal[False] | None
+"""Where IR traces are cached: a folder, ``None`` for :data:`IR_CACHE_DIR`, ``False`` for none."""
 COMPUTE_EFFICIENCY = 0.6  # typical fraction of peak for large bf16 matmuls / splash on TPU
 HBM_EFFICIENCY = 0.8  # typical fraction of HBM bandwidth for streaming reads and writes
 _ATTENTION_KERNEL = re.compile(r"splash|flash|attention|mha", re.IGNORECASE)
@@ -481,7 +483,7 @@ def _reshape_spec(old_shape: Sequence[int], new_shape: Sequence[int], spec: Spec
 
 def estimate_ir(candidate: Candidate, workload: Workload, topology: Topology, *,
                 dtype: Any = None, num_layers: int | None = None,
-                cache_dir: str | Path | Literal[False] | None = None) -> IREstimate:
+                cache_dir: IRCacheDir = None) -> IREstimate:
     """Trace ``workload``'s denoise step under ``candidate`` and derive its bounds.
 
     Tracing uses an abstract mesh: no devices, no compile. ``num_layers`` estimates a

@@ -20,7 +20,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -42,6 +42,7 @@ from aoizora_lab.compile import (
 from aoizora_lab.errors import AoizoraError, is_whole
 from aoizora_lab.hardware import chip_spec
 from aoizora_lab.hlo import CommProgram
+from aoizora_lab.ir import IRCacheDir
 from aoizora_lab.placement import Placement, search_placements
 from aoizora_lab.prune import prune, survivors
 from aoizora_lab.realize import Plan, Predicted
@@ -97,7 +98,7 @@ def plan(workload: Workload, topology: Topology, *, keep: int = 3, budget: int =
          top_placements: int = TOP_PLACEMENTS, num_layers: int | None = None,
          cache_dir: str | Path | None = None, executor: cf.Executor | None = None,
          timeout_s: float = 900.0, quiet: bool = True,
-         ir_cache_dir: str | Path | Literal[False] | None = None) -> PlanResult:
+         ir_cache_dir: IRCacheDir = None) -> PlanResult:
     """Search candidates and placements of ``workload`` on ``topology``; rank; compare.
 
     ``cache_dir`` holds the compiles (default ``data/cache/compile``), ``ir_cache_dir`` the IR
@@ -209,7 +210,7 @@ def compiled_table(compiled: list[CompiledCandidate]) -> pd.DataFrame:
 def _baselines(workload: Workload, topology: Topology,
                by_name: dict[str, CompiledCandidate], num_layers: int | None,
                cache_dir: str | Path | None, executor: cf.Executor | None, timeout_s: float,
-               best: Plan, ir_cache_dir: str | Path | Literal[False] | None,
+               best: Plan, ir_cache_dir: IRCacheDir,
                ) -> tuple[pd.DataFrame, dict[str, Plan], Plan]:
     """Score every baseline; a baseline that beats the search becomes the plan (so the plan is
     never predicted slower than a baseline)."""

@@ -29,15 +29,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import pandas as pd
 
 from aoizora_lab.candidates import Candidate
 from aoizora_lab.errors import AoizoraError
 from aoizora_lab.hardware import chip_spec
-from aoizora_lab.ir import IREstimate, estimate_ir
+from aoizora_lab.ir import IRCacheDir, IREstimate, estimate_ir
 from aoizora_lab.topology import Topology
 from aoizora_lab.workload import Workload
 
@@ -46,7 +45,7 @@ GiB = 2**30
 
 def estimate_candidates(candidates: Sequence[Candidate], workload: Workload,
                         topology: Topology, *, dtype: Any = None,
-                        ir_cache_dir: str | Path | Literal[False] | None = None,
+                        ir_cache_dir: IRCacheDir = None,
                         ) -> dict[str, IREstimate | str]:
     """IR estimate per candidate name, or the error text where tracing failed (traces cached
     under ``ir_cache_dir``, see :func:`estimate_ir`)."""
@@ -69,7 +68,7 @@ PRUNING_COLUMNS = ("candidate", "estimate_s", "lower_bound_s", "compute_estimate
 def prune(candidates: Sequence[Candidate], workload: Workload, topology: Topology, *,
           keep: int = 3, bound_margin: float = 0.25, estimate_margin: float = 0.1,
           max_fraction: float = 0.25, estimates: dict[str, IREstimate | str] | None = None,
-          dtype: Any = None, ir_cache_dir: str | Path | Literal[False] | None = None,
+          dtype: Any = None, ir_cache_dir: IRCacheDir = None,
           ) -> pd.DataFrame:
     """One row per candidate, best estimate first: IR figures, ``keep`` and ``reason``."""
     if keep < 1 or bound_margin < 0 or estimate_margin < 0 or not 0 < max_fraction <= 1:
