@@ -18,24 +18,12 @@ and :func:`write_index` adds ``reports/index.html``: every notebook run with its
 time and the values the notebook recorded. A notebook that fails is a row with its error and a
 link to the partial notebook; the other notebooks still run.
 
-The notebook contract:
+What a notebook must do (a ``parameters`` cell, figures through ``show``, headline values
+through ``record``) is the contract in :mod:`aoizora_lab.notebook`. How the runner treats it:
 
-- **Parameters**: a code cell tagged ``parameters`` holds the defaults, one ``name = value``
-  per line; papermill injects the report's values of those names in a cell right after it (a
-  notebook gets only the parameters it declares). Every parameter of a report must be declared
-  by at least one of its notebooks, so a typo in the matrix fails before anything runs instead
-  of silently leaving a default in place. Values are JSON-like (``size`` is the list
-  ``[832, 480]``: papermill would turn a tuple into a string).
 - **Kernel and folder**: notebooks run in an ipykernel of the interpreter that calls
   :func:`run_reports` (whatever kernelspec the notebook names), with the notebook's folder as
   the working directory. Pass ``kernel_name`` to use an installed kernelspec instead.
-- **Figures**: display plotly figures as HTML divs without plotly.js,
-  ``display(HTML(fig.to_html(full_html=False, include_plotlyjs=False)))`` (what
-  ``aoizora_lab.viz.show(fig)`` does). Every page loads the shared plotly.js in its ``<head>``;
-  ``fig.show()`` would inline 4 MB of plotly.js per figure or render nothing in the page.
-- **Headline values**: ``record("best_latency_s", 0.0123)`` stores a JSON-able value in the
-  cell's output under :data:`RECORD_MIMETYPE`; :func:`read_records` reads them back and the index
-  lists them. Pages hide these outputs.
 - **Offline pages**: no page loads anything from the network (no require.js, MathJax, mermaid
   or widget manager from a CDN), so they open from ``file://``. Markdown math stays as typed
   (``$...$``) and ipywidgets show their text form: use plain text and static figures.
@@ -60,14 +48,12 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal
 
-from aoizora_lab.errors import AoizoraError, is_whole
+from aoizora_lab.errors import AoizoraError
+from aoizora_lab.notebook import RECORD_MIMETYPE, check_library_parameters
 
 if TYPE_CHECKING:
     import nbformat
     import pandas as pd
-
-RECORD_MIMETYPE = "application/vnd.aoizora.record+json"
-"""Output mimetype of :func:`record`: ``{name: value}`` stored as JSON in the notebook."""
 
 DEFAULT_MATRIX = Path("data/reports.yaml")
 PLOTLY_ASSET = "assets/plotly.min.js"
@@ -169,7 +155,7 @@ class ReportSpec:
                     f"report {self.name!r}: parameter name {key!r} is not a Python variable "
                     "name; papermill assigns each parameter to a variable, e.g. 'topology'.")
         try:
-            _check_library_parameters(self.parameters)
+            check_library_parameters(self.parameters)
         except AoizoraError as err:
             raise AoizoraError(f"report {self.name!r}: {err}") from None
 
@@ -189,74 +175,6 @@ def _plain(value: Any, where: str) -> Any:
     raise AoizoraError(
         f"{where}: {value!r} ({type(value).__name__}) cannot be injected into a notebook; use "
         "strings, numbers, booleans, None, lists and mappings with string keys.")
-
-
-def _check_library_parameters(parameters: Mapping[str, Any]) -> None:
-    """Check the parameters every notebook shares the way the library will use them."""
-    from aoizora_lab.topology import parse_slice_name
-    from aoizora_lab.workload import RESOLUTIONS, Workload
-
-    if "topology" in parameters:
-        if not isinstance(parameters["topology"], str):
-            raise AoizoraError(
-                f"topology={parameters['topology']!r} must be a slice name, e.g. 'v5e:2x4'.")
-        parse_slice_name(parameters["topology"])
-    size = parameters.get("size")
-    if "size" in parameters and not (
-            isinstance(size, list) and len(size) == 2
-            and all(is_whole(v) for v in size)):
-        raise AoizoraError(
-            f"size={size!r} must be [width, height] in pixels, e.g. [832, 480] (480p) or "
-            "[1280, 720] (720p).")
-    if "model" in parameters:
-        if not isinstance(parameters["model"], str):
-            raise AoizoraError(
-                f"model={parameters['model']!r} must be a Wan preset name, e.g. "
-                "'wan2.1-t2v-1.3b'.")
-        # The model decides which sizes and frame counts work (patch and VAE strides).
-        width, height = size or RESOLUTIONS["480p"]
-        Workload(model=parameters["model"], width=width, height=height,
-                 frames=parameters.get("frames", 81))
-
-
-@dataclass(frozen=True, eq=False)
-class NotebookInputs:
-    """What a notebook's parameters mean to the library."""
-
-    workload: Any
-    """The :class:`~aoizora_lab.Workload` (model, video size, frames)."""
-    topology: Any
-    """The :class:`~aoizora_lab.Topology` of the slice (deviceless TPU devices off a TPU VM)."""
-    layers: int | None
-    """Layers each candidate is compiled with (the layer loop is scaled to the full depth);
-    ``None`` compiles the full depth."""
-    budget: int
-    """Placement evaluations per compiled candidate."""
-
-
-def notebook_inputs(*, model: Any, size: Any, frames: Any, topology: Any, layers: Any = None,
-                    budget: Any = 20_000) -> NotebookInputs:
-    """Check a notebook's parameters as papermill injected them and build the library values.
-
-    Example: ``notebook_inputs(model="wan2.1-t2v-14b", size=[1280, 720], frames=81,
-    topology="v5e:4x4", layers=2)``. A bad value raises :class:`AoizoraError` naming it and
-    what is accepted (papermill itself only warns, and turns a tuple ``size`` into a string).
-    """
-    from aoizora_lab.topology import Topology
-    from aoizora_lab.workload import Workload
-
-    _check_library_parameters({"model": model, "size": size, "frames": frames,
-                               "topology": topology})
-    workload = Workload(model=model, width=size[0], height=size[1], frames=frames)
-    depth = workload.config().num_layers
-    if layers is not None and not is_whole(layers, 2, depth):
-        raise AoizoraError(
-            f"layers={layers!r}: compile 2..{depth} layers of {model} (the layer loop is scaled "
-            "to the full depth), or None for the full depth.")
-    if not is_whole(budget, 0):
-        raise AoizoraError(f"budget={budget!r} must be a whole number of placement "
-                           "evaluations >= 0, e.g. 20000.")
-    return NotebookInputs(workload, Topology.from_name(topology), layers, budget)
 
 
 def load_matrix(path: str | Path = DEFAULT_MATRIX) -> list[ReportSpec]:
@@ -351,7 +269,8 @@ class NotebookRun:
     page: Path | None
     """The HTML page; None when it could not be written."""
     records: Mapping[str, Any] = field(hash=False)
-    """The values the notebook :func:`record`-ed, by name (also from a partial run)."""
+    """The values the notebook :func:`~aoizora_lab.notebook.record`-ed, by name (also from a
+    partial run)."""
     error: str | None = None
     """``ExceptionType: message`` of the failure, None when ok."""
 
@@ -544,42 +463,9 @@ def _this_interpreter_kernel_manager() -> type:
     return ThisInterpreterKernelManager
 
 
-def record(name: str, value: Any) -> None:
-    """Save a headline ``value`` under ``name`` in the running notebook, for the report index.
-
-    Call it in a notebook: ``record("best_latency_s", 0.0123)``. The value must be JSON-able
-    (numbers, strings, booleans, None, lists, dicts; numpy scalars and arrays are converted;
-    NaN and infinity are not: record None). It is displayed as an output of mimetype
-    :data:`RECORD_MIMETYPE` (with a one-line text form for Jupyter), which
-    :func:`read_records` reads back; report pages hide it. Recording a name again replaces it.
-    Outside IPython it only prints that text.
-    """
-    from IPython import get_ipython
-    from IPython.display import display
-
-    if not isinstance(name, str) or not name:
-        raise AoizoraError(f"record name {name!r} must be a non-empty string.")
-    try:
-        text = json.dumps(value, allow_nan=False, default=_numpy_to_python)
-    except (TypeError, ValueError) as err:
-        raise AoizoraError(
-            f"record({name!r}, {value!r}): not JSON-able ({err}); record numbers, strings, "
-            "booleans, None, lists or dicts (None for a missing number).") from None
-    if get_ipython() is None:  # plain Python: no notebook to store it in, just say it
-        print(f"recorded {name} = {text}")
-        return
-    display({RECORD_MIMETYPE: {name: json.loads(text)},
-             "text/plain": f"recorded {name} = {text}"}, raw=True)
-
-
-def _numpy_to_python(value: Any) -> Any:
-    if hasattr(value, "tolist"):  # numpy scalars and arrays, jax arrays
-        return value.tolist()
-    raise TypeError(f"{type(value).__name__} is not JSON serializable")
-
-
 def read_records(notebook: str | Path | nbformat.NotebookNode) -> dict[str, Any]:
-    """The values a notebook :func:`record`-ed, by name; a later record of a name wins."""
+    """The values a notebook :func:`~aoizora_lab.notebook.record`-ed, by name; a later record
+    of a name wins."""
     import nbformat
 
     nb = notebook if isinstance(notebook, dict) else nbformat.read(notebook, as_version=4)

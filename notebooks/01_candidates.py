@@ -42,7 +42,7 @@ from IPython.display import Markdown, display
 
 from aoizora_lab import viz
 from aoizora_lab.candidates import explain_candidates
-from aoizora_lab.reports import notebook_inputs, record
+from aoizora_lab.notebook import notebook_inputs, record
 
 inputs = notebook_inputs(model=model, size=size, frames=frames, topology=topology)
 workload, slice_ = inputs.workload, inputs.topology

@@ -41,8 +41,8 @@ from IPython.display import Markdown, display
 from aoizora_lab import viz
 from aoizora_lab.candidates import candidates_from_table, default_attention, explain_candidates
 from aoizora_lab.hardware import chip_spec
+from aoizora_lab.notebook import notebook_inputs, record
 from aoizora_lab.prune import prune
-from aoizora_lab.reports import notebook_inputs, record
 
 inputs = notebook_inputs(model=model, size=size, frames=frames, topology=topology)
 workload, slice_ = inputs.workload, inputs.topology

@@ -41,9 +41,9 @@ from IPython.display import display
 from aoizora_lab import viz
 from aoizora_lab.candidates import candidates_from_table, default_attention, explain_candidates
 from aoizora_lab.compile import compile_candidates
+from aoizora_lab.notebook import notebook_inputs, record
 from aoizora_lab.planner import compiled_table
 from aoizora_lab.prune import prune, survivors
-from aoizora_lab.reports import notebook_inputs, record
 
 inputs = notebook_inputs(model=model, size=size, frames=frames, topology=topology,
                          layers=layers)

@@ -46,9 +46,9 @@ from IPython.display import Markdown, display
 
 from aoizora_lab import baselines, viz
 from aoizora_lab.comm_model import estimate
+from aoizora_lab.notebook import notebook_inputs, record
 from aoizora_lab.placement import Placement
 from aoizora_lab.planner import plan
-from aoizora_lab.reports import notebook_inputs, record
 
 inputs = notebook_inputs(model=model, size=size, frames=frames, topology=topology,
                          layers=layers, budget=budget)

@@ -44,9 +44,9 @@ from IPython.display import Markdown, display
 
 from aoizora_lab import measure
 from aoizora_lab.hlo import parse_hlo
+from aoizora_lab.notebook import notebook_inputs, record
 from aoizora_lab.planner import plan
 from aoizora_lab.realize import Plan
-from aoizora_lab.reports import notebook_inputs, record
 from aoizora_lab.topology import Topology
 
 inputs = notebook_inputs(model=model, size=size, frames=frames, topology=topology,

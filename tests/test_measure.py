@@ -14,10 +14,12 @@ import pytest
 import aoizora_lab as az
 from aoizora_lab import measure
 from aoizora_lab.candidates import Candidate
+from aoizora_lab.cost import Predicted
 from aoizora_lab.hlo import parse_hlo
+from aoizora_lab.measure.microbench import _probe_program, _split_grid
 from aoizora_lab.placement import Placement
 from aoizora_lab.planner import plan
-from aoizora_lab.realize import Plan, Predicted
+from aoizora_lab.realize import Plan
 
 TINY = az.WanConfig(dim=64, ffn_dim=128, num_heads=8, num_layers=2, text_dim=32, text_len=8,
                     freq_dim=32)
@@ -189,9 +191,9 @@ def test_microbenchmark_programs_run_the_intended_physical_groups(host_slice):
     # The compiled program's replica groups, mapped through the mesh's device order, are the
     # groups the model prices.
     for probe in measure.probes(host_slice):
-        program, _ = measure._probe_program(host_slice, probe, host_slice.devices, 16, 1)
+        program, _ = _probe_program(host_slice, probe, host_slice.devices, 16, 1)
         (compiled,) = parse_hlo(program.as_text()).collectives
-        mesh_order = measure._split_grid(host_slice, probe.block).ravel()
+        mesh_order = _split_grid(host_slice, probe.block).ravel()
         expected = measure.probe_collective(host_slice, probe, 64)
         mapped = [tuple(int(mesh_order[i]) for i in g) for g in compiled.groups]
         if probe.kind == "collective-permute":

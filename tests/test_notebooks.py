@@ -9,7 +9,8 @@ import pytest
 from browser import CHROMIUM, chromium, js_errors
 
 from aoizora_lab.candidates import explain_candidates
-from aoizora_lab.reports import ReportSpec, notebook_inputs, run_reports, write_index
+from aoizora_lab.notebook import notebook_inputs
+from aoizora_lab.reports import ReportSpec, run_reports, write_index
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 SMALL = {"model": "wan2.1-t2v-1.3b", "size": [128, 128], "frames": 5, "topology": "v5e:2x2",

@@ -43,9 +43,10 @@ from aoizora_lab.hardware import GENERATIONS
 from aoizora_lab.ir import estimate_ir
 from aoizora_lab.models.parallel import ROLES
 from aoizora_lab.models.wan import PRESETS
+from aoizora_lab.notebook import notebook_inputs
 from aoizora_lab.placement import Placement
 from aoizora_lab.realize import Plan, Predicted
-from aoizora_lab.reports import ReportSpec, load_matrix, notebook_inputs, run_reports, write_index
+from aoizora_lab.reports import ReportSpec, load_matrix, run_reports, write_index
 from aoizora_lab.topology import is_offered_shape
 
 AoizoraError = az.AoizoraError
@@ -872,7 +873,7 @@ def test_a_notebook_whose_kernel_dies_is_a_failed_row_and_the_rest_still_run(tmp
     notebooks.mkdir()
     shutil.copy(DATA / "heatmap.ipynb", notebooks / "heatmap.ipynb")
     nbformat.write(new_notebook(cells=[
-        new_code_cell("from aoizora_lab.reports import record\nrecord('before_death', 1)"),
+        new_code_cell("from aoizora_lab.notebook import record\nrecord('before_death', 1)"),
         new_code_cell("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)"),
         new_code_cell("print('never reached')"),
     ]), notebooks / "dies.ipynb")

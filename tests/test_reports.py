@@ -19,12 +19,11 @@ from nbformat.v4 import new_code_cell, new_notebook, new_output
 
 from aoizora_lab.cli import main
 from aoizora_lab.errors import AoizoraError
+from aoizora_lab.notebook import RECORD_MIMETYPE, record
 from aoizora_lab.reports import (
-    RECORD_MIMETYPE,
     ReportSpec,
     load_matrix,
     read_records,
-    record,
     run_reports,
     select_reports,
     write_index,
