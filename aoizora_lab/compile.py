@@ -27,7 +27,6 @@ from __future__ import annotations
 import concurrent.futures as cf
 import dataclasses
 import hashlib
-import importlib.metadata
 import json
 import os
 import shutil
@@ -45,13 +44,12 @@ from aoizora_lab.candidates import Candidate
 from aoizora_lab.errors import AoizoraError, is_whole
 from aoizora_lab.hlo import CommProgram, parse_hlo
 from aoizora_lab.topology import Topology
+from aoizora_lab.versions import program_versions
 from aoizora_lab.workload import Workload
 
 STATUSES = ("ok", "oom", "crash", "timeout", "error")
 CACHED_STATUSES = ("ok", "oom")
 DEFAULT_CACHE_DIR = Path(__file__).resolve().parent.parent / "data" / "cache" / "compile"
-_PROGRAM_SOURCES = ("models/wan.py", "models/attention.py", "models/parallel.py",
-                    "workload.py", "candidates.py")
 
 
 @dataclass(frozen=True)
@@ -154,23 +152,6 @@ def _job(candidate: Candidate, workload: Workload, topology: Topology,
         "num_layers": num_layers or model.num_layers,
         "versions": program_versions(),
     }
-
-
-def program_versions(extra_sources: Sequence[str] = ()) -> dict[str, str]:
-    """jax / jaxlib / libtpu versions and a digest of the sources that shape the program
-    (plus ``extra_sources``, paths inside the package): what a cached result depends on."""
-    versions = {}
-    for package in ("jax", "jaxlib", "libtpu"):
-        try:
-            versions[package] = importlib.metadata.version(package)
-        except importlib.metadata.PackageNotFoundError:
-            versions[package] = "absent"
-    root = Path(__file__).resolve().parent
-    digest = hashlib.sha256()
-    for source in (*_PROGRAM_SOURCES, *extra_sources):
-        digest.update((root / source).read_bytes())
-    versions["program_source"] = digest.hexdigest()[:16]
-    return versions
 
 
 def cache_key(job: dict[str, Any]) -> str:

@@ -36,6 +36,7 @@ import numpy as np
 
 from aoizora_lab.comm_model import Collective
 from aoizora_lab.errors import AoizoraError
+from aoizora_lab.flops import ATTENTION_KERNEL, attention_flops
 from aoizora_lab.hardware import ChipSpec
 
 if TYPE_CHECKING:
@@ -382,7 +383,6 @@ def _id_list(text: str, name: str) -> np.ndarray:
 # ----------------------------------------------------------------------------- compute
 
 _COMPUTE_OPS = ("fusion", "convolution", "dot", "custom-call")
-_ATTENTION_KERNEL = re.compile(r"splash|flash|attention|mha", re.IGNORECASE)
 
 
 def _array_bytes(type_text: str) -> float:
@@ -411,7 +411,7 @@ def _own_flops(ins: _Instruction, types: dict[str, str]) -> float:
         if kernel and labels and "o" in labels.group(1):
             return 2.0 * out * math.prod(kernel) / kernel[labels.group(1).index("o")]
         return 0.0
-    if ins.op == "custom-call" and _ATTENTION_KERNEL.search(ins.name + ins.rest[:200]):
+    if ins.op == "custom-call" and ATTENTION_KERNEL.search(ins.name + ins.rest[:200]):
         start = ins.rest.find("operand_layout_constraints=")
         block = ""
         if start >= 0:
@@ -420,8 +420,7 @@ def _own_flops(ins: _Instruction, types: dict[str, str]) -> float:
         floats = [[int(n) for n in dims.split(",") if n] for d, dims in _ARRAY.findall(block)
                   if d in ("bf16", "f16", "f32") and dims.count(",") >= 2]
         if len(floats) >= 2:
-            q, k = floats[0], floats[1]
-            return 4.0 * math.prod(q[:-1]) * k[-2] * q[-1]
+            return attention_flops(floats[0], floats[1])
     return 0.0
 
 

@@ -1,14 +1,15 @@
-"""Cheap pre-compilation estimates read from a program's jaxpr and its sharding annotations.
+"""Read per-device work and communication from any traced program's jaxpr and its shardings.
 
-Tracing a jitted step (``jax.make_jaxpr`` on an abstract mesh: no devices, no compile) takes a
-fraction of a second; this module reads the resulting jaxpr and, from its shapes and shardings
-alone, counts per device:
+Tracing a jitted function (``jax.make_jaxpr`` on an abstract mesh: no devices, no compile)
+takes a fraction of a second; :func:`count_jaxpr` reads the resulting jaxpr and, from its
+shapes and shardings alone, counts per device:
 
 - **FLOPs** of every ``dot_general`` (``2 * output elements * contracted size``, divided by the
   shards of its output and of a contraction both operands split) and of attention kernels
-  (``pallas_call``s named like splash/flash attention: ``4 * B * H * Sq * Sk * D`` from their
-  q/k shapes, since custom calls carry no FLOP count); loops multiply by their trip counts
-  (``scan`` length; a ``while`` is counted once and noted);
+  (``pallas_call``s named like splash/flash attention, counted by
+  :func:`aoizora_lab.flops.attention_flops` from their q/k shapes, since custom calls carry no
+  FLOP count); loops multiply by their trip counts (``scan`` length; a ``while`` is counted once
+  and noted);
 - **HBM bytes** those ops must at least read and write;
 - **parameter bytes** (the inputs' shardings) and the **largest activation**;
 - **communication**, per logical axis: explicit collectives inside ``shard_map`` (all-to-all,
@@ -21,57 +22,42 @@ Sharding is propagated GSPMD-style through the ops in between: elementwise ops t
 operands' sharding, ``dot_general`` keeps batch and free dims' axes, reshapes keep a merged
 group's major-dim axes and give a split dim's axes to its major part, transposes permute.
 It is an estimate of what the partitioner will do, not a copy of it: the compiled HLO
-(:mod:`aoizora_lab.hlo`) is the ground truth the planner ranks with.
+(:mod:`aoizora_lab.hlo`) is the ground truth.
 
-From the counts :func:`estimate_ir` derives a **lower bound** (the roofline of the totals,
-``max(FLOPs / peak, bytes / HBM bandwidth)``, plus each collective at the bytes a device must
-receive over all ``2 * ndim`` of its links at full speed: no placement can beat it) and a
-quick **estimate** (ops at :data:`COMPUTE_EFFICIENCY` of peak and :data:`HBM_EFFICIENCY` of
-HBM bandwidth, typical of large bf16 matmuls and streaming on TPUs; collectives priced by the
-ICI model on the default row-major placement). Both apply the planner's overlap rule
-(:meth:`~aoizora_lab.realize.Predicted.overlapped`): collectives of :data:`ASYNC_KINDS` hide
-behind compute up to its length, the others add.
+**The rule table.** Each equation is read by its primitive's :class:`Rule` in :data:`RULES`;
+a primitive not in the table goes to :func:`default_rule` (nested jaxprs read inline,
+reductions, and elementwise / shape ops, which add no FLOPs or bytes). Reading a new primitive
+is adding one entry.
+
+Worked example: ``x @ w`` with ``x: f32[16, 32]`` split ``P("dp", None)`` and
+``w: f32[32, 64]`` split ``P(None, "tp")`` on a ``{"dp": 2, "tp": 4}`` mesh, its result then
+constrained to ``P("dp", None)``::
+
+    dot_general  -> result P("dp", "tp"): 8 shards
+                    FLOPs 2 * 16 * 64 * 32 / 8 = 8192
+                    HBM bytes 1024 (x) + 2048 (w) + 512 (result) = 3584
+    sharding_constraint P("dp", "tp") -> P("dp", None): "tp" removed from dim 1
+                    IRCollective("all-gather", ("tp",), bytes=2048, count=1, source="reshard")
+
+with ``param_bytes`` 1024 + 2048 = 3072 and ``largest_activation_bytes`` 2048 (the gathered
+result on one device). Nothing here knows about Wan: :mod:`aoizora_lab.ir_estimate` traces the
+Wan step and derives its bounds from these counts.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import hashlib
-import json
 import math
-import os
-import re
-import tempfile
-import time
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Protocol
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
-from aoizora_lab.candidates import Candidate
-from aoizora_lab.comm_model import Collective, estimate, mesh_axis_groups
-from aoizora_lab.hardware import chip_spec
-from aoizora_lab.models.wan import abstract_params
-from aoizora_lab.realize import Predicted
-from aoizora_lab.topology import Topology
-from aoizora_lab.workload import Workload, denoise_step
-
-ASYNC_KINDS = ("all-gather", "collective-permute")
-"""Kinds the TPU compiler schedules asynchronously next to compute in the Wan step (compiled
-14B@720p on v5e:4x4 and 1.3B@480p on v5e:2x4: 97-99 % of all-gather bytes (FSDP weights,
-context K/V) and every ring permute were ``*-start`` ops; every all-to-all and the tensor-
-parallel all-reduces synchronous); the IR applies the planner's overlap rule with them."""
-IR_CACHE_DIR = Path(__file__).resolve().parent.parent / "data" / "cache" / "ir"
-IRCacheDir = str | Path | Literal[False] | None
-"""Where IR traces are cached: a folder, ``None`` for :data:`IR_CACHE_DIR`, ``False`` for none."""
-COMPUTE_EFFICIENCY = 0.6  # typical fraction of peak for large bf16 matmuls / splash on TPU
-HBM_EFFICIENCY = 0.8  # typical fraction of HBM bandwidth for streaming reads and writes
-_ATTENTION_KERNEL = re.compile(r"splash|flash|attention|mha", re.IGNORECASE)
+from aoizora_lab.flops import ATTENTION_KERNEL, attention_flops
 
 Spec = tuple[tuple[str, ...], ...]
 """Per array dim, the mesh axes splitting it (outermost first)."""
@@ -100,11 +86,17 @@ class IRCounts:
     """What :func:`count_jaxpr` read from one program, per device."""
 
     flops: float = 0.0
+    """Matmul and attention FLOPs, loops multiplied out."""
     hbm_bytes: float = 0.0
+    """Bytes the matmuls and kernels must at least read and write."""
     param_bytes: float = 0.0
+    """The inputs' bytes under their shardings."""
     largest_activation_bytes: float = 0.0
+    """The largest value the program computes, on one device."""
     collectives: list[IRCollective] = field(default_factory=list)
+    """Every collective the program implies, in program order."""
     notes: list[str] = field(default_factory=list)
+    """What could not be counted (a ``while`` loop's trips, an unknown kernel's FLOPs)."""
 
     def comm_bytes_by_axes(self) -> dict[tuple[str, ...], float]:
         """Result bytes times runs, summed per group of mesh axes."""
@@ -112,34 +104,6 @@ class IRCounts:
         for c in self.collectives:
             totals[c.axes] += c.bytes * c.count
         return dict(totals)
-
-
-@dataclass(frozen=True)
-class IREstimate:
-    """IR counts of one candidate and the latency bounds derived from them."""
-
-    candidate: str
-    flops: float
-    hbm_bytes: float
-    param_bytes: float
-    largest_activation_bytes: float
-    memory_lower_bound_bytes: float
-    """Parameters plus the largest activation: a device needs at least this much HBM."""
-    comm_bytes: float
-    """Bytes of every implied collective's result, times runs, summed."""
-    comm_bytes_by_axes: dict[tuple[str, ...], float]
-    collectives: tuple[IRCollective, ...]
-    lower_bound_seconds: float
-    compute_lower_bound_seconds: float
-    comm_lower_bound_seconds: float
-    estimate_seconds: float
-    compute_estimate_seconds: float
-    comm_estimate_seconds: float
-    trace_seconds: float
-    notes: tuple[str, ...]
-
-
-# ----------------------------------------------------------------------------- generic reader
 
 
 def spec_of(sharding_or_spec: Any, ndim: int) -> Spec:
@@ -158,7 +122,7 @@ def count_jaxpr(closed_jaxpr: Any, in_specs: Sequence[Spec],
     ``in_specs`` gives the sharding of each input (the shardings the program is called with);
     ``axis_sizes`` the mesh. Works for any jitted function, not only the Wan step.
     """
-    reader = _Reader(dict(axis_sizes))
+    reader = Reader(axis_sizes)
     jaxpr = closed_jaxpr.jaxpr
     for var, spec in zip(jaxpr.invars, in_specs, strict=True):
         reader.counts.param_bytes += reader.device_bytes(var.aval, spec)
@@ -179,19 +143,22 @@ def count_function(fn: Callable[..., Any], args: Sequence[Any],
                                 zip(specs, leaves, strict=True)], axis_sizes)
 
 
-class _Reader:
-    """Walks a jaxpr, propagating shardings and adding up counts."""
+class Reader:
+    """Walks a jaxpr, propagating shardings and adding up :attr:`counts`; each equation is read
+    by its primitive's rule in :data:`RULES`, or by :func:`default_rule`."""
 
-    def __init__(self, axis_sizes: dict[str, int]):
-        self.sizes = axis_sizes
+    def __init__(self, axis_sizes: Mapping[str, int]):
+        self.sizes = dict(axis_sizes)
+        """Mesh axis name -> size."""
         self.counts = IRCounts()
-
-    # -- helpers
+        """What the rules have added up so far."""
 
     def shards(self, spec: Spec) -> int:
+        """How many pieces ``spec`` cuts an array into."""
         return math.prod(self.sizes[a] for dim in spec for a in dim)
 
     def device_bytes(self, aval: Any, spec: Spec | None) -> float:
+        """Bytes of ``aval`` on one device under ``spec`` (``None``: whole)."""
         if not hasattr(aval, "shape"):
             return 0.0
         size = math.prod(aval.shape) * np.dtype(aval.dtype).itemsize
@@ -199,6 +166,7 @@ class _Reader:
 
     def collect(self, kind: str, axes: Sequence[str], size: float, multiplier: int,
                 source: str) -> None:
+        """Add a collective (one over no axes or of no bytes is nothing)."""
         axes = tuple(dict.fromkeys(axes))
         if axes and size > 0:
             self.counts.collectives.append(IRCollective(kind, axes, size, multiplier, source))
@@ -220,10 +188,21 @@ class _Reader:
             self.collect("all-gather", removed, self.device_bytes(aval, new), multiplier,
                          "reshard")
 
-    # -- the walk
+    def merge(self, other: IRCounts) -> None:
+        """Add another reader's counts to these."""
+        self.counts.flops += other.flops
+        self.counts.hbm_bytes += other.hbm_bytes
+        self.counts.collectives += other.collectives
+        self.counts.notes += other.notes
+        self.counts.largest_activation_bytes = max(self.counts.largest_activation_bytes,
+                                                   other.largest_activation_bytes)
 
     def walk(self, jaxpr: Any, in_specs: list[Spec | None], *, multiplier: int,
              local: bool) -> list[Spec | None]:
+        """Read every equation of ``jaxpr`` whose inputs have ``in_specs``; the outputs' specs.
+
+        ``multiplier``: runs per step of the body; ``local``: inside a ``shard_map``.
+        """
         env: dict[Any, Spec | None] = {}
         for var, spec in zip(jaxpr.invars, in_specs, strict=True):
             env[var] = spec
@@ -232,7 +211,7 @@ class _Reader:
 
         def read(v: Any) -> Spec | None:
             if hasattr(v, "val") or v not in env:  # literal or unknown: replicated
-                return tuple(() for _ in getattr(v.aval, "shape", ()))
+                return _replicated(v.aval)
             return env[v]
 
         for eqn in jaxpr.eqns:
@@ -248,206 +227,191 @@ class _Reader:
 
     def equation(self, eqn: Any, specs: list[Spec | None], *, multiplier: int,
                  local: bool) -> list[Spec | None]:
-        name = eqn.primitive.name
-        params = eqn.params
-        outs = [v.aval for v in eqn.outvars]
-        if local:
-            specs = [tuple(() for _ in getattr(v.aval, "shape", ())) for v in eqn.invars]
+        """Read one equation with its primitive's rule; the specs of its results."""
+        if local:  # shapes are per device: every operand is whole on its device
+            specs = [_replicated(v.aval) for v in eqn.invars]
+        rule = RULES.get(eqn.primitive.name, default_rule)
+        return rule(self, eqn, specs, multiplier=multiplier, local=local)
 
-        if name == "sharding_constraint":
-            new = spec_of(params["sharding"], len(outs[0].shape))
-            if not local:
-                self.reshard(outs[0], specs[0], new, multiplier)
-            return [new]
-        if name == "dot_general":
-            return [self.dot_general(eqn, specs, multiplier)]
-        if name == "pallas_call":
-            return self.pallas_call(eqn, multiplier)
-        if name == "scan":
-            return self.scan(eqn, specs, multiplier, local)
-        if name == "shard_map":
-            return self.shard_map(eqn, specs, multiplier)
-        if name in ("all_to_all", "ppermute", "all_gather", "psum", "psum_scatter",
-                    "reduce_scatter"):
-            self.explicit_collective(eqn, multiplier)
-            return [tuple(() for _ in o.shape) for o in outs]
-        if name == "while":
-            self.counts.notes.append("a while loop was counted once (trip count unknown)")
-            body = params["body_jaxpr"].jaxpr
-            self.walk(body, [None] * len(body.invars), multiplier=multiplier, local=local)
-            return [None] * len(outs)
-        if name == "cond":
-            return self.cond(eqn, specs, multiplier, local)
-        sub = self.sub_jaxpr(params)
-        if sub is not None:
-            result = self.walk(sub.jaxpr, specs[-len(sub.jaxpr.invars):] if specs else [],
-                               multiplier=multiplier, local=local)
-            return result
-        if name.startswith("reduce_") or name in ("argmax", "argmin"):
-            return [self.reduction(eqn, specs, multiplier, local)]
-        return [self.shape_op(eqn, specs, o) for o in outs]
 
-    @staticmethod
-    def sub_jaxpr(params: Mapping[str, Any]) -> Any:
-        for key in ("jaxpr", "call_jaxpr", "fun_jaxpr"):
-            sub = params.get(key)
-            if sub is not None and hasattr(sub, "jaxpr"):
-                return sub
-            if sub is not None and hasattr(sub, "eqns"):
-                return jax.extend.core.ClosedJaxpr(sub, ())
-        return None
+class Rule(Protocol):
+    """How one primitive is read.
 
-    # -- op rules
+    Called with the reader, the equation, the spec of each operand (``None``: unknown), the
+    equation's runs per step (``multiplier``, loop trip counts included) and whether it sits
+    inside a ``shard_map`` (``local``: shapes are per device and GSPMD inserts nothing). It adds
+    FLOPs, HBM bytes and notes to ``reader.counts``, records collectives with
+    ``reader.collect`` and returns the spec of each result.
+    """
 
-    def dot_general(self, eqn: Any, specs: list[Spec | None], multiplier: int) -> Spec:
-        (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
-        lhs, rhs = (v.aval for v in eqn.invars)
-        ls = specs[0] or tuple(() for _ in lhs.shape)
-        rs = specs[1] or tuple(() for _ in rhs.shape)
-        lfree = [d for d in range(len(lhs.shape)) if d not in lc and d not in lb]
-        rfree = [d for d in range(len(rhs.shape)) if d not in rc and d not in rb]
-        used: set[str] = set()
+    def __call__(self, reader: Reader, eqn: Any, specs: list[Spec | None], *,
+                 multiplier: int, local: bool) -> list[Spec | None]: ...
 
-        def take(axes: tuple[str, ...]) -> tuple[str, ...]:
-            kept = tuple(a for a in axes if a not in used)
-            used.update(kept)
-            return kept
 
-        out = [take(ls[i] or rs[j]) for i, j in zip(lb, rb, strict=True)]
-        out += [take(ls[d]) for d in lfree] + [take(rs[d]) for d in rfree]
-        contracted_axes = [a for i, j in zip(lc, rc, strict=True) for a in ls[i] if a in rs[j]
-                           and a not in used]
-        one_sided = {a for i, j in zip(lc, rc, strict=True) for a in set(ls[i]) ^ set(rs[j])}
-        out_aval = eqn.outvars[0].aval
-        out_spec: Spec = tuple(out)
-        if one_sided:  # GSPMD gathers the operand split on its contraction alone
-            self.collect("all-gather", sorted(one_sided),
-                         max(self.device_bytes(lhs, ls), self.device_bytes(rhs, rs)),
-                         multiplier, "reshard")
-        if contracted_axes:
-            self.collect("all-reduce", contracted_axes, self.device_bytes(out_aval, out_spec),
-                         multiplier, "partial-sum")
-        contracted = math.prod(lhs.shape[i] for i in lc)
-        shards = self.shards(out_spec) * math.prod(self.sizes[a] for a in contracted_axes)
-        self.counts.flops += multiplier * 2.0 * math.prod(out_aval.shape) * contracted / shards
-        self.counts.hbm_bytes += multiplier * (self.device_bytes(lhs, ls)
-                                               + self.device_bytes(rhs, rs)
-                                               + self.device_bytes(out_aval, out_spec))
-        return out_spec
+def _replicated(aval: Any) -> Spec:
+    """The spec of an array no axis splits."""
+    return tuple(() for _ in getattr(aval, "shape", ()))
 
-    def pallas_call(self, eqn: Any, multiplier: int) -> list[Spec | None]:
-        avals = [v.aval for v in eqn.invars]
-        kernel = str(eqn.params.get("name") or eqn.params.get("name_and_src_info") or "")
-        floats = [a for a in avals if len(a.shape) >= 3
-                  and jax.numpy.issubdtype(a.dtype, jax.numpy.floating)]
-        if _ATTENTION_KERNEL.search(kernel) and len(floats) >= 3:
-            q, k = floats[0], floats[1]
-            self.counts.flops += (multiplier * 4.0 * math.prod(q.shape[:-1]) * k.shape[-2]
-                                  * q.shape[-1])
-        else:
-            self.counts.notes.append(f"pallas kernel {kernel or '?'}: FLOPs not counted")
-        self.counts.hbm_bytes += multiplier * (
-            sum(self.device_bytes(a, None) for a in avals)
-            + sum(self.device_bytes(v.aval, None) for v in eqn.outvars))
-        return [tuple(() for _ in v.aval.shape) for v in eqn.outvars]
 
-    def scan(self, eqn: Any, specs: list[Spec | None], multiplier: int,
+# ----------------------------------------------------------------------------- the rules
+
+
+def _sharding_constraint(reader: Reader, eqn: Any, specs: list[Spec | None], *,
+                         multiplier: int, local: bool) -> list[Spec | None]:
+    out = eqn.outvars[0].aval
+    new = spec_of(eqn.params["sharding"], len(out.shape))
+    if not local:
+        reader.reshard(out, specs[0], new, multiplier)
+    return [new]
+
+
+def _dot_general(reader: Reader, eqn: Any, specs: list[Spec | None], *, multiplier: int,
+                 local: bool) -> list[Spec | None]:
+    (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
+    lhs, rhs = (v.aval for v in eqn.invars)
+    ls = specs[0] or _replicated(lhs)
+    rs = specs[1] or _replicated(rhs)
+    lfree = [d for d in range(len(lhs.shape)) if d not in lc and d not in lb]
+    rfree = [d for d in range(len(rhs.shape)) if d not in rc and d not in rb]
+    used: set[str] = set()
+
+    def take(axes: tuple[str, ...]) -> tuple[str, ...]:
+        kept = tuple(a for a in axes if a not in used)
+        used.update(kept)
+        return kept
+
+    out = [take(ls[i] or rs[j]) for i, j in zip(lb, rb, strict=True)]
+    out += [take(ls[d]) for d in lfree] + [take(rs[d]) for d in rfree]
+    contracted_axes = [a for i, j in zip(lc, rc, strict=True) for a in ls[i] if a in rs[j]
+                       and a not in used]
+    one_sided = {a for i, j in zip(lc, rc, strict=True) for a in set(ls[i]) ^ set(rs[j])}
+    out_aval = eqn.outvars[0].aval
+    out_spec: Spec = tuple(out)
+    if one_sided:  # GSPMD gathers the operand split on its contraction alone
+        reader.collect("all-gather", sorted(one_sided),
+                       max(reader.device_bytes(lhs, ls), reader.device_bytes(rhs, rs)),
+                       multiplier, "reshard")
+    if contracted_axes:
+        reader.collect("all-reduce", contracted_axes, reader.device_bytes(out_aval, out_spec),
+                       multiplier, "partial-sum")
+    contracted = math.prod(lhs.shape[i] for i in lc)
+    shards = reader.shards(out_spec) * math.prod(reader.sizes[a] for a in contracted_axes)
+    reader.counts.flops += multiplier * 2.0 * math.prod(out_aval.shape) * contracted / shards
+    reader.counts.hbm_bytes += multiplier * (reader.device_bytes(lhs, ls)
+                                             + reader.device_bytes(rhs, rs)
+                                             + reader.device_bytes(out_aval, out_spec))
+    return [out_spec]
+
+
+def _pallas_call(reader: Reader, eqn: Any, specs: list[Spec | None], *, multiplier: int,
+                 local: bool) -> list[Spec | None]:
+    avals = [v.aval for v in eqn.invars]
+    kernel = str(eqn.params.get("name") or eqn.params.get("name_and_src_info") or "")
+    floats = [a for a in avals if len(a.shape) >= 3 and jnp.issubdtype(a.dtype, jnp.floating)]
+    if ATTENTION_KERNEL.search(kernel) and len(floats) >= 3:
+        reader.counts.flops += multiplier * attention_flops(floats[0].shape, floats[1].shape)
+    else:
+        reader.counts.notes.append(f"pallas kernel {kernel or '?'}: FLOPs not counted")
+    reader.counts.hbm_bytes += multiplier * (
+        sum(reader.device_bytes(a, None) for a in avals)
+        + sum(reader.device_bytes(v.aval, None) for v in eqn.outvars))
+    return [_replicated(v.aval) for v in eqn.outvars]
+
+
+def _scan(reader: Reader, eqn: Any, specs: list[Spec | None], *, multiplier: int,
+          local: bool) -> list[Spec | None]:
+    params = eqn.params
+    n_consts, n_carry = params["num_consts"], params["num_carry"]
+    # Scanned-over inputs lose their leading (loop) dim in the body; stacked outputs gain it.
+    body_specs = list(specs[:n_consts + n_carry]) + [
+        None if s is None else s[1:] for s in specs[n_consts + n_carry:]]
+    outs = reader.walk(params["jaxpr"].jaxpr, body_specs,
+                       multiplier=multiplier * params["length"], local=local)
+    carries, ys = outs[:n_carry], outs[n_carry:]
+    return carries + [None if s is None else ((), *s) for s in ys]
+
+
+def _while(reader: Reader, eqn: Any, specs: list[Spec | None], *, multiplier: int,
+           local: bool) -> list[Spec | None]:
+    reader.counts.notes.append("a while loop was counted once (trip count unknown)")
+    body = eqn.params["body_jaxpr"].jaxpr
+    reader.walk(body, [None] * len(body.invars), multiplier=multiplier, local=local)
+    return [None] * len(eqn.outvars)
+
+
+def _cond(reader: Reader, eqn: Any, specs: list[Spec | None], *, multiplier: int,
+          local: bool) -> list[Spec | None]:
+    # The branch with the most FLOPs: a bound must assume the costlier path is taken.
+    best, best_flops = None, -1.0
+    for branch in eqn.params["branches"]:
+        probe = Reader(reader.sizes)
+        probe.walk(branch.jaxpr, specs[1:], multiplier=multiplier, local=local)
+        if probe.counts.flops > best_flops:
+            best, best_flops = probe, probe.counts.flops
+    reader.merge(best.counts)
+    return [None] * len(eqn.outvars)
+
+
+def _shard_map(reader: Reader, eqn: Any, specs: list[Spec | None], *, multiplier: int,
+               local: bool) -> list[Spec | None]:
+    params = eqn.params
+    in_specs = [spec_of(s, len(v.aval.shape)) for s, v in
+                zip(params["in_specs"], eqn.invars, strict=True)]
+    for var, old, new in zip(eqn.invars, specs, in_specs, strict=True):
+        if old is not None:
+            reader.reshard(var.aval, old, new, multiplier)
+    body = params["jaxpr"]
+    body = body.jaxpr if hasattr(body, "jaxpr") else body
+    reader.walk(body, [None] * len(body.invars), multiplier=multiplier, local=True)
+    return [spec_of(s, len(v.aval.shape)) for s, v in
+            zip(params["out_specs"], eqn.outvars, strict=True)]
+
+
+_EXPLICIT_KINDS = {"all_to_all": "all-to-all", "ppermute": "collective-permute",
+                   "all_gather": "all-gather", "psum": "all-reduce",
+                   "psum_scatter": "reduce-scatter", "reduce_scatter": "reduce-scatter"}
+"""Collective primitives written in a ``shard_map`` and the :class:`IRCollective` kind of each."""
+
+
+def _explicit_collective(reader: Reader, eqn: Any, specs: list[Spec | None], *,
+                         multiplier: int, local: bool) -> list[Spec | None]:
+    params = eqn.params
+    axes = params.get("axis_name", params.get("axes"))
+    axes = (axes,) if isinstance(axes, str) else tuple(axes)
+    size = sum(reader.device_bytes(v.aval, None) for v in eqn.outvars)
+    reader.collect(_EXPLICIT_KINDS[eqn.primitive.name], axes, size, multiplier, "explicit")
+    return [_replicated(v.aval) for v in eqn.outvars]
+
+
+def _maps_spec(spec_rule: Callable[[Any, Spec], Spec]) -> Rule:
+    """The rule of a one-result shape op whose result spec ``spec_rule(eqn, operand spec)``
+    gives; the elementwise rule when the operand's spec is unknown."""
+
+    def rule(reader: Reader, eqn: Any, specs: list[Spec | None], *, multiplier: int,
              local: bool) -> list[Spec | None]:
-        params = eqn.params
-        n_consts, n_carry = params["num_consts"], params["num_carry"]
-        body_specs = list(specs[:n_consts + n_carry]) + [
-            None if s is None else s[1:] for s in specs[n_consts + n_carry:]]
-        outs = self.walk(params["jaxpr"].jaxpr, body_specs,
-                         multiplier=multiplier * params["length"], local=local)
-        carries, ys = outs[:n_carry], outs[n_carry:]
-        return carries + [None if s is None else ((), *s) for s in ys]
+        if not specs or specs[0] is None:
+            return _elementwise(eqn, specs)
+        return [spec_rule(eqn, specs[0])]
 
-    def cond(self, eqn: Any, specs: list[Spec | None], multiplier: int,
-             local: bool) -> list[Spec | None]:
-        best, best_flops = None, -1.0
-        for branch in eqn.params["branches"]:
-            probe = _Reader(self.sizes)
-            probe.walk(branch.jaxpr, specs[1:], multiplier=multiplier, local=local)
-            if probe.counts.flops > best_flops:
-                best, best_flops = probe, probe.counts.flops
-        self.merge(best.counts)
-        return [None] * len(eqn.outvars)
+    return rule
 
-    def merge(self, other: IRCounts) -> None:
-        self.counts.flops += other.flops
-        self.counts.hbm_bytes += other.hbm_bytes
-        self.counts.collectives += other.collectives
-        self.counts.notes += other.notes
-        self.counts.largest_activation_bytes = max(self.counts.largest_activation_bytes,
-                                                   other.largest_activation_bytes)
 
-    def shard_map(self, eqn: Any, specs: list[Spec | None], multiplier: int) -> list[Spec]:
-        params = eqn.params
-        in_specs = [spec_of(s, len(v.aval.shape)) for s, v in
-                    zip(params["in_specs"], eqn.invars, strict=True)]
-        for var, old, new in zip(eqn.invars, specs, in_specs, strict=True):
-            if old is not None:
-                self.reshard(var.aval, old, new, multiplier)
-        body = params["jaxpr"]
-        body = body.jaxpr if hasattr(body, "jaxpr") else body
-        self.walk(body, [None] * len(body.invars), multiplier=multiplier, local=True)
-        return [spec_of(s, len(v.aval.shape)) for s, v in
-                zip(params["out_specs"], eqn.outvars, strict=True)]
+def _broadcast_spec(eqn: Any, spec: Spec) -> Spec:
+    shape = eqn.outvars[0].aval.shape
+    result: list[tuple[str, ...]] = [() for _ in shape]
+    for src, dst in enumerate(eqn.params["broadcast_dimensions"]):
+        if eqn.invars[0].aval.shape[src] == shape[dst]:  # a stretched unit dim is unsplit
+            result[dst] = spec[src]
+    return tuple(result)
 
-    def explicit_collective(self, eqn: Any, multiplier: int) -> None:
-        params = eqn.params
-        axes = params.get("axis_name", params.get("axes"))
-        axes = (axes,) if isinstance(axes, str) else tuple(axes)
-        kind = {"all_to_all": "all-to-all", "ppermute": "collective-permute",
-                "all_gather": "all-gather", "psum": "all-reduce",
-                "psum_scatter": "reduce-scatter",
-                "reduce_scatter": "reduce-scatter"}[eqn.primitive.name]
-        size = sum(self.device_bytes(v.aval, None) for v in eqn.outvars)
-        self.collect(kind, axes, size, multiplier, "explicit")
 
-    def reduction(self, eqn: Any, specs: list[Spec | None], multiplier: int,
-                  local: bool) -> Spec:
-        reduced = set(eqn.params.get("axes", ()))
-        spec = specs[0] or tuple(() for _ in eqn.invars[0].aval.shape)
-        split = [a for d in reduced for a in spec[d]]
-        out: Spec = tuple(s for d, s in enumerate(spec) if d not in reduced)
-        if split and not local:
-            self.collect("all-reduce", split, self.device_bytes(eqn.outvars[0].aval, out),
-                         multiplier, "partial-sum")
-        return out
+def _stack_spec(eqn: Any, spec: Spec) -> Spec:
+    axis = eqn.params["axis"]  # a new dim at `axis`, unsplit
+    return (*spec[:axis], (), *spec[axis:])
 
-    def shape_op(self, eqn: Any, specs: list[Spec | None], out: Any) -> Spec:
-        """Elementwise, broadcast, reshape, transpose and friends."""
-        shape = tuple(getattr(out, "shape", ()))
-        name = eqn.primitive.name
-        params = eqn.params
-        first = specs[0] if specs else None
-        if name == "transpose" and first is not None:
-            return tuple(first[p] for p in params["permutation"])
-        if name == "broadcast_in_dim" and first is not None:
-            result: list[tuple[str, ...]] = [() for _ in shape]
-            for src, dst in enumerate(params["broadcast_dimensions"]):
-                if eqn.invars[0].aval.shape[src] == shape[dst]:
-                    result[dst] = first[src]
-            return tuple(result)
-        if name == "stack" and first is not None:  # a new dim at `axis`, unsplit
-            axis = params["axis"]
-            return (*first[:axis], (), *first[axis:])
-        if name in ("reshape", "squeeze", "expand_dims") and first is not None:
-            return _reshape_spec(eqn.invars[0].aval.shape, shape, first)
-        # Elementwise and same-rank ops: per dim, the first operand's axes on a same-sized dim.
-        result = [() for _ in shape]
-        used: set[str] = set()
-        for var, spec in zip(eqn.invars, specs, strict=True):
-            operand = tuple(getattr(var.aval, "shape", ()))
-            if spec is None or len(operand) != len(shape):
-                continue
-            for d, axes in enumerate(spec):
-                if (not result[d] and axes and operand[d] == shape[d]
-                        and not used & set(axes)):
-                    result[d] = axes
-                    used.update(axes)
-        return tuple(result)
+
+def _reshape_rule_spec(eqn: Any, spec: Spec) -> Spec:
+    return _reshape_spec(eqn.invars[0].aval.shape, eqn.outvars[0].aval.shape, spec)
 
 
 def _reshape_spec(old_shape: Sequence[int], new_shape: Sequence[int], spec: Spec) -> Spec:
@@ -478,139 +442,84 @@ def _reshape_spec(old_shape: Sequence[int], new_shape: Sequence[int], spec: Spec
     return tuple(result)
 
 
-# ----------------------------------------------------------------------------- the Wan step
+def default_rule(reader: Reader, eqn: Any, specs: list[Spec | None], *, multiplier: int,
+                 local: bool) -> list[Spec | None]:
+    """The rule of every primitive not in :data:`RULES`, by what the equation is:
 
+    - one that carries a jaxpr (``jit``, ``remat``, ``custom_jvp_call``, ...) is read inline,
+      its operands' specs passed to the jaxpr's inputs;
+    - a reduction (``reduce_*``, ``argmax``, ``argmin``) drops the reduced dims; reducing a split
+      dim outside a ``shard_map`` all-reduces the partial results over its axes;
+    - anything else is elementwise-like: each result dim takes the axes of a same-sized dim of
+      a same-rank operand (the first operand first), no axis twice.
 
-def estimate_ir(candidate: Candidate, workload: Workload, topology: Topology, *,
-                dtype: Any = None, num_layers: int | None = None,
-                cache_dir: IRCacheDir = None) -> IREstimate:
-    """Trace ``workload``'s denoise step under ``candidate`` and derive its bounds.
-
-    Tracing uses an abstract mesh: no devices, no compile. ``num_layers`` estimates a
-    shallower model of the same width (to compare with a compile of that depth). See the
-    module docstring for the lower bound and estimate. The counts of a trace are cached as
-    JSON under ``cache_dir`` (default ``data/cache/ir``; ``False``: no cache), keyed by the
-    candidate, the model, the workload, the dtype and the versions and sources they depend on;
-    the bounds are derived afresh for ``topology``.
+    None of them adds FLOPs or HBM bytes: next to the matmuls and attention they are small.
     """
-    import jax.numpy as jnp
-
-    dtype = dtype or jnp.bfloat16
-    model = workload.config()
-    if num_layers is not None:
-        model = model.with_layers(num_layers)
-    entry = None
-    if cache_dir is not False:
-        from aoizora_lab.compile import program_versions
-
-        job = {"candidate": candidate.name, "attention": candidate.attention,
-               "model": dataclasses.asdict(model), "dtype": jnp.dtype(dtype).name,
-               "workload": {k: v for k, v in dataclasses.asdict(workload).items()
-                            if k != "model"},
-               "versions": program_versions(("ir.py",))}
-        key = hashlib.sha256(json.dumps(job, sort_keys=True).encode()).hexdigest()[:32]
-        entry = Path(cache_dir or IR_CACHE_DIR) / f"{key}.json"
-        cached = _read_counts(entry)
-        if cached is not None:
-            counts, trace_seconds = cached
-            return _bounds(candidate, counts, topology, trace_seconds)
-    plan = candidate.plan()
-    start = time.perf_counter()
-    params = abstract_params(model, dtype)
-    inputs = workload.abstract_inputs(dtype)
-    closed = jax.make_jaxpr(lambda p, i: denoise_step(p, model, plan=plan, **i))(params, inputs)
-    param_specs = jax.tree.leaves(candidate.partition_specs(model)["params"],
-                                  is_leaf=lambda x: isinstance(x, P))
-    in_specs = [spec_of(s, len(a.shape)) for s, a in
-                zip(param_specs, jax.tree.leaves(params), strict=True)]
-    in_specs += [tuple(() for _ in a.shape) for a in jax.tree.leaves(inputs)]
-    sizes = dict(zip(candidate.axis_names, candidate.mesh_shape, strict=True))
-    counts = count_jaxpr(closed, in_specs, sizes)
-    counts.param_bytes = candidate.weight_bytes_per_device(model, dtype)
-    trace_seconds = time.perf_counter() - start
-    if entry is not None:
-        _write_counts(entry, counts, trace_seconds)
-    return _bounds(candidate, counts, topology, trace_seconds)
+    sub = _sub_jaxpr(eqn.params)
+    if sub is not None:
+        return reader.walk(sub.jaxpr, specs[-len(sub.jaxpr.invars):] if specs else [],
+                           multiplier=multiplier, local=local)
+    name = eqn.primitive.name
+    if name.startswith("reduce_") or name in ("argmax", "argmin"):
+        return [_reduction(reader, eqn, specs, multiplier, local)]
+    return _elementwise(eqn, specs)
 
 
-def _write_counts(entry: Path, counts: IRCounts, trace_seconds: float) -> None:
-    """Write a trace's counts atomically (a temporary file renamed into place), best effort:
-    a cache that cannot be written (full disk, read-only folder) costs a retrace next time,
-    never the estimate."""
-    payload = {**dataclasses.asdict(counts), "trace_seconds": trace_seconds}
-    temporary = None
-    try:
-        entry.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile("w", dir=entry.parent, suffix=".tmp",
-                                         delete=False) as handle:
-            temporary = Path(handle.name)
-            json.dump(payload, handle)
-        os.replace(temporary, entry)
-    except OSError:
-        if temporary is not None:
-            temporary.unlink(missing_ok=True)
+def _sub_jaxpr(params: Mapping[str, Any]) -> Any:
+    for key in ("jaxpr", "call_jaxpr", "fun_jaxpr"):
+        sub = params.get(key)
+        if sub is not None and hasattr(sub, "jaxpr"):
+            return sub
+        if sub is not None and hasattr(sub, "eqns"):
+            return jax.extend.core.ClosedJaxpr(sub, ())
+    return None
 
 
-def _read_counts(entry: Path) -> tuple[IRCounts, float] | None:
-    """A cached trace's counts and trace seconds, or ``None`` (a damaged entry is removed)."""
-    try:
-        payload = json.loads(entry.read_text())
-        trace_seconds = float(payload.pop("trace_seconds"))
-        collectives = [IRCollective(**{**c, "axes": tuple(c["axes"])})
-                       for c in payload.pop("collectives")]
-        counts = IRCounts(**payload, collectives=collectives)
-        numbers = [counts.flops, counts.hbm_bytes, counts.param_bytes,
-                   counts.largest_activation_bytes,
-                   *(x for c in collectives for x in (c.bytes, c.count))]
-        if not all(isinstance(x, int | float) and not isinstance(x, bool) for x in numbers):
-            raise ValueError("a count is not a number")
-        return counts, trace_seconds
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError, TypeError, KeyError, AttributeError):
-        entry.unlink(missing_ok=True)
-        return None
+def _reduction(reader: Reader, eqn: Any, specs: list[Spec | None], multiplier: int,
+               local: bool) -> Spec:
+    reduced = set(eqn.params.get("axes", ()))
+    spec = specs[0] or _replicated(eqn.invars[0].aval)
+    split = [a for d in reduced for a in spec[d]]
+    out: Spec = tuple(s for d, s in enumerate(spec) if d not in reduced)
+    if split and not local:
+        reader.collect("all-reduce", split, reader.device_bytes(eqn.outvars[0].aval, out),
+                       multiplier, "partial-sum")
+    return out
 
 
-def _bounds(candidate: Candidate, counts: IRCounts, topology: Topology,
-            trace_seconds: float) -> IREstimate:
-    chip = chip_spec(topology.generation)
-    compute_bound = max(counts.flops / chip.peak_bf16_flops,
-                        counts.hbm_bytes / chip.hbm_bandwidth)
-    compute_estimate = max(counts.flops / (chip.peak_bf16_flops * COMPUTE_EFFICIENCY),
-                           counts.hbm_bytes / (chip.hbm_bandwidth * HBM_EFFICIENCY))
-    links_per_chip = 2 * topology.ndim
-    placement = topology.device_grid().ravel()[:candidate.num_devices]
-    bound = {True: 0.0, False: 0.0}  # by asynchronous
-    collectives: dict[bool, list[Collective]] = {True: [], False: []}
-    for c in counts.collectives:
-        group = math.prod(candidate.mesh_shape[candidate.axis_names.index(a)] for a in c.axes)
-        received = {"all-reduce": 2 * (group - 1) / group, "collective-permute": 1.0}.get(
-            c.kind, (group - 1) / group) * c.bytes
-        asynchronous = c.kind in ASYNC_KINDS
-        bound[asynchronous] += c.count * received / (links_per_chip * chip.ici_link_bandwidth)
-        axis_ids = [candidate.axis_names.index(a) for a in c.axes]
-        groups = mesh_axis_groups(candidate.mesh_shape, axis_ids)
-        if c.kind == "collective-permute":  # shift by one along the axes (the ring pattern)
-            groups = [(g[i], g[(i + 1) % len(g)]) for g in groups for i in range(len(g))]
-        collectives[asynchronous].append(Collective(c.kind, groups, c.bytes, count=c.count))
-    modelled = {a: (estimate(items, topology, placement, chip=chip).seconds
-                    if items and candidate.num_devices == topology.num_devices else bound[a])
-                for a, items in collectives.items()}
-    lower = Predicted.overlapped(compute_bound, bound[False], bound[True])
-    quick = Predicted.overlapped(compute_estimate, modelled[False], modelled[True])
-    comm_bound, comm_estimate = lower.comm_s, quick.comm_s
-    return IREstimate(
-        candidate=candidate.name, flops=counts.flops, hbm_bytes=counts.hbm_bytes,
-        param_bytes=counts.param_bytes,
-        largest_activation_bytes=counts.largest_activation_bytes,
-        memory_lower_bound_bytes=counts.param_bytes + counts.largest_activation_bytes,
-        comm_bytes=sum(c.bytes * c.count for c in counts.collectives),
-        comm_bytes_by_axes=counts.comm_bytes_by_axes(),
-        collectives=tuple(counts.collectives),
-        lower_bound_seconds=lower.total_s,
-        compute_lower_bound_seconds=compute_bound, comm_lower_bound_seconds=comm_bound,
-        estimate_seconds=quick.total_s,
-        compute_estimate_seconds=compute_estimate, comm_estimate_seconds=comm_estimate,
-        trace_seconds=trace_seconds, notes=tuple(dict.fromkeys(counts.notes)),
-    )
+def _elementwise(eqn: Any, specs: list[Spec | None]) -> list[Spec | None]:
+    results: list[Spec | None] = []
+    for out in eqn.outvars:
+        shape = tuple(getattr(out.aval, "shape", ()))
+        result: list[tuple[str, ...]] = [() for _ in shape]
+        used: set[str] = set()
+        for var, spec in zip(eqn.invars, specs, strict=True):
+            operand = tuple(getattr(var.aval, "shape", ()))
+            if spec is None or len(operand) != len(shape):
+                continue
+            for d, axes in enumerate(spec):
+                if (not result[d] and axes and operand[d] == shape[d]
+                        and not used & set(axes)):
+                    result[d] = axes
+                    used.update(axes)
+        results.append(tuple(result))
+    return results
+
+
+RULES: dict[str, Rule] = {
+    "sharding_constraint": _sharding_constraint,
+    "dot_general": _dot_general,
+    "pallas_call": _pallas_call,
+    "scan": _scan,
+    "while": _while,
+    "cond": _cond,
+    "shard_map": _shard_map,
+    **dict.fromkeys(_EXPLICIT_KINDS, _explicit_collective),
+    "transpose": _maps_spec(lambda eqn, spec: tuple(spec[p] for p in
+                                                    eqn.params["permutation"])),
+    "broadcast_in_dim": _maps_spec(_broadcast_spec),
+    "stack": _maps_spec(_stack_spec),
+    **dict.fromkeys(("reshape", "squeeze", "expand_dims"), _maps_spec(_reshape_rule_spec)),
+}
+"""Primitive name -> its :class:`Rule`; :func:`default_rule` reads the others. A new primitive
+is a new entry (``RULES["my_kernel"] = my_rule``)."""

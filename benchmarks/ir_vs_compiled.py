@@ -50,12 +50,13 @@ def main() -> None:
 
     import aoizora_lab as az
     from aoizora_lab.candidates import enumerate_candidates
+    from aoizora_lab.ir_estimate import estimate_ir
 
     workload = az.Workload.preset(args.model, args.resolution)
     topology = az.Topology.from_name(args.slice)
     candidates = enumerate_candidates(workload, topology)
     start = time.perf_counter()
-    estimates = {c.name: az.ir.estimate_ir(c, workload, topology, num_layers=args.layers)
+    estimates = {c.name: estimate_ir(c, workload, topology, num_layers=args.layers)
                  for c in candidates}
     ir_seconds = time.perf_counter() - start
     rows = []

@@ -7,6 +7,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import aoizora_lab as az
+from aoizora_lab.flops import attention_flops
 from aoizora_lab.hlo import parse_hlo
 
 # Shaped like the TPU compiler's output (layouts, async pairs, fusions, a scan's while loop).
@@ -198,6 +199,24 @@ def test_compute_estimate_counts_matmul_flops():
     assert program.flops == 2 * 64 * 128 * 256
     chip = az.chip_spec("v5e")
     assert program.compute_seconds(chip) >= program.flops / chip.peak_bf16_flops
+
+
+def test_an_attention_custom_call_counts_the_flops_the_ir_counts():
+    q, k = "bf16[1,4,128,64]{3,2,1,0}", "bf16[1,4,256,64]{3,2,1,0}"
+    text = f"""
+HloModule jit_attention, num_partitions=1
+
+ENTRY %main (q: bf16[1,4,128,64], k: bf16[1,4,256,64], v: bf16[1,4,256,64]) -> bf16[1,4,128,64] {{
+  %q = {q} parameter(0)
+  %k = {k} parameter(1)
+  %v = {k} parameter(2)
+  ROOT %splash_mha = {q} custom-call({q} %q, {k} %k, {k} %v), custom_call_target="tpu_custom_call", operand_layout_constraints={{{q}, {k}, {k}}}
+}}
+"""
+    flops = attention_flops((1, 4, 128, 64), (1, 4, 256, 64))
+    # Q K^T and P V: 2 x (4 heads x 128 queries x 256 keys x 64) multiply-adds, 2 FLOPs each.
+    assert flops == 4 * 4 * 128 * 256 * 64
+    assert parse_hlo(text).flops == flops
 
 
 def test_nested_loops_multiply_their_trip_counts():

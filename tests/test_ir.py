@@ -1,3 +1,5 @@
+import math
+
 import jax
 import jax.numpy as jnp
 import pytest
@@ -6,8 +8,10 @@ from jax.sharding import AbstractMesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import aoizora_lab as az
+from aoizora_lab import ir
 from aoizora_lab.candidates import Candidate
-from aoizora_lab.ir import count_function, estimate_ir
+from aoizora_lab.ir import count_function
+from aoizora_lab.ir_estimate import estimate_ir
 from aoizora_lab.models.wan import param_count
 
 
@@ -105,9 +109,62 @@ def test_strategies_differ_where_they_should(wan14):
     ((2, 3, 4), (2, 12), ((), ("y",), ()), ((), ("y",))),
 ])
 def test_reshape_carries_axes_to_the_major_dim(old, new, spec, expected):
-    from aoizora_lab.ir import _reshape_spec
+    assert ir._reshape_spec(old, new, spec) == expected
 
-    assert _reshape_spec(old, new, spec) == expected
+
+def test_the_module_docstring_example_holds():
+    mesh = AbstractMesh((2, 4), ("dp", "tp"))
+
+    def project(x, w):
+        return lax.with_sharding_constraint(x @ w, NamedSharding(mesh, P("dp", None)))
+
+    counts = count_function(project, [_sds((16, 32)), _sds((32, 64))],
+                            [P("dp", None), P(None, "tp")], {"dp": 2, "tp": 4})
+    assert (counts.flops, counts.hbm_bytes, counts.param_bytes) == (8192, 3584, 3072)
+    assert counts.largest_activation_bytes == 2048
+    assert counts.collectives == [ir.IRCollective("all-gather", ("tp",), 2048, 1, "reshard")]
+
+
+def test_a_registered_rule_reads_its_primitive(monkeypatch):
+    def sine(reader, eqn, specs, *, multiplier, local):  # 10 FLOPs per element, say
+        elements = math.prod(eqn.outvars[0].aval.shape) / reader.shards(specs[0])
+        reader.counts.flops += multiplier * 10 * elements
+        return specs
+
+    def looped(a):
+        return lax.scan(lambda c, _: (jnp.sin(c), None), a, None, length=3)[0]
+
+    args, specs, sizes = [_sds((8, 16))], [P("x", None)], {"x": 4}
+    assert count_function(looped, args, specs, sizes).flops == 0  # the default: no FLOPs
+    monkeypatch.setitem(ir.RULES, "sin", sine)
+    counts = count_function(looped, args, specs, sizes)
+    assert counts.flops == 3 * 10 * 8 * 16 / 4
+
+
+def test_primitives_outside_the_rule_table_go_to_the_default(monkeypatch):
+    tiny = az.WanConfig(dim=64, ffn_dim=128, num_heads=8, num_layers=2, text_dim=32,
+                        text_len=8, freq_dim=32)
+    workload = az.Workload(model=tiny, height=32, width=48, frames=5, text_len=8)
+    candidate, topology = Candidate.from_name("cfg2-ring4-fsdp"), az.Topology.simulated((2, 4))
+    plain = estimate_ir(candidate, workload, topology, cache_dir=False)
+    seen, defaulted = set(), set()
+    equation, default_rule = ir.Reader.equation, ir.default_rule
+
+    def recording_equation(reader, eqn, specs, **kwargs):
+        seen.add(eqn.primitive.name)
+        return equation(reader, eqn, specs, **kwargs)
+
+    def recording_default(reader, eqn, specs, **kwargs):
+        defaulted.add(eqn.primitive.name)
+        return default_rule(reader, eqn, specs, **kwargs)
+
+    monkeypatch.setattr(ir.Reader, "equation", recording_equation)
+    monkeypatch.setattr(ir, "default_rule", recording_default)
+    recorded = estimate_ir(candidate, workload, topology, cache_dir=False)
+    assert defaulted == seen - set(ir.RULES)
+    assert {"dot_general", "pallas_call", "scan", "ppermute"} <= seen - defaulted
+    assert {"exp", "mul", "reduce_sum"} <= defaulted  # elementwise ops and a reduction
+    assert recorded.collectives == plain.collectives and recorded.flops == plain.flops
 
 
 def test_traces_are_cached_per_candidate_and_a_damaged_entry_is_retraced(tmp_path):

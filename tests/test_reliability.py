@@ -40,7 +40,7 @@ from aoizora_lab.candidates import ABBREVIATIONS, Candidate
 from aoizora_lab.cli import main
 from aoizora_lab.compile import STALE_STAGING_S, compile_candidates, read_entry, write_entry
 from aoizora_lab.hardware import GENERATIONS
-from aoizora_lab.ir import estimate_ir
+from aoizora_lab.ir_estimate import estimate_ir
 from aoizora_lab.models.parallel import ROLES
 from aoizora_lab.models.wan import PRESETS
 from aoizora_lab.notebook import notebook_inputs
@@ -560,11 +560,11 @@ PLAN_SCRIPT = textwrap.dedent("""
     import json, sys
     from pathlib import Path
     import aoizora_lab as az
-    import aoizora_lab.ir as ir
+    import aoizora_lab.ir_estimate as ir_estimate
     import aoizora_lab.planner as planner
 
     cache, out = Path(sys.argv[1]), Path(sys.argv[2])
-    ir.IR_CACHE_DIR = cache / "ir"  # a fresh IR cache too
+    ir_estimate.IR_CACHE_DIR = cache / "ir"  # a fresh IR cache too
     compiles = []
     compile_candidates = planner.compile_candidates
 

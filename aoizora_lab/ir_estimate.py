@@ -1,0 +1,219 @@
+"""Bounds of the Wan denoise step under a candidate, read from its jaxpr before any compile.
+
+:func:`estimate_ir` traces the step on an abstract mesh (no devices, no compile), counts the
+jaxpr with the generic reader (:func:`aoizora_lab.ir.count_jaxpr`: per-device FLOPs, HBM bytes,
+parameter and activation bytes, implied collectives) and derives from the counts:
+
+- a **lower bound**: the roofline of the totals, ``max(FLOPs / peak, bytes / HBM bandwidth)``,
+  plus each collective at the bytes a device must receive over all ``2 * ndim`` of its links at
+  full speed: no placement can beat it;
+- a quick **estimate**: ops at :data:`COMPUTE_EFFICIENCY` of peak and :data:`HBM_EFFICIENCY` of
+  HBM bandwidth, typical of large bf16 matmuls and streaming on TPUs; collectives priced by the
+  ICI model on the default row-major placement (a candidate on part of the slice has no such
+  placement: its collectives count at the bound).
+
+Both apply the overlap rule (:meth:`~aoizora_lab.cost.Predicted.overlapped`): collectives of
+:data:`ASYNC_KINDS` hide behind compute up to its length, the others add. All prices come from
+:mod:`aoizora_lab.cost`.
+
+The counts of a trace are cached as JSON (:data:`IR_CACHE_DIR`); the bounds are derived afresh
+for the slice asked for.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
+
+from aoizora_lab.candidates import Candidate
+from aoizora_lab.comm_model import Collective, mesh_axis_groups
+from aoizora_lab.cost import Predicted, comm_seconds, roofline_seconds
+from aoizora_lab.hardware import chip_spec
+from aoizora_lab.ir import IRCollective, IRCounts, count_jaxpr, spec_of
+from aoizora_lab.models.wan import abstract_params
+from aoizora_lab.topology import Topology
+from aoizora_lab.versions import program_versions
+from aoizora_lab.workload import Workload, denoise_step
+
+ASYNC_KINDS = ("all-gather", "collective-permute")
+"""Kinds the TPU compiler schedules asynchronously next to compute in the Wan step (compiled
+14B@720p on v5e:4x4 and 1.3B@480p on v5e:2x4: 97-99 % of all-gather bytes (FSDP weights,
+context K/V) and every ring permute were ``*-start`` ops; every all-to-all and the tensor-
+parallel all-reduces synchronous); the IR applies the overlap rule of :mod:`aoizora_lab.cost`
+with them."""
+IR_CACHE_DIR = Path(__file__).resolve().parent.parent / "data" / "cache" / "ir"
+IRCacheDir = str | Path | Literal[False] | None
+"""Where IR traces are cached: a folder, ``None`` for :data:`IR_CACHE_DIR`, ``False`` for none."""
+COMPUTE_EFFICIENCY = 0.6  # typical fraction of peak for large bf16 matmuls / splash on TPU
+HBM_EFFICIENCY = 0.8  # typical fraction of HBM bandwidth for streaming reads and writes
+_TRACE_SOURCES = ("ir.py", "flops.py", "ir_estimate.py")
+"""Sources a trace's counts depend on besides the program's (the reader and this tracer)."""
+
+
+@dataclass(frozen=True)
+class IREstimate:
+    """IR counts of one candidate and the latency bounds derived from them."""
+
+    candidate: str
+    flops: float
+    hbm_bytes: float
+    param_bytes: float
+    largest_activation_bytes: float
+    memory_lower_bound_bytes: float
+    """Parameters plus the largest activation: a device needs at least this much HBM."""
+    comm_bytes: float
+    """Bytes of every implied collective's result, times runs, summed."""
+    comm_bytes_by_axes: dict[tuple[str, ...], float]
+    collectives: tuple[IRCollective, ...]
+    lower_bound_seconds: float
+    compute_lower_bound_seconds: float
+    comm_lower_bound_seconds: float
+    estimate_seconds: float
+    compute_estimate_seconds: float
+    comm_estimate_seconds: float
+    trace_seconds: float
+    notes: tuple[str, ...]
+
+
+def estimate_ir(candidate: Candidate, workload: Workload, topology: Topology, *,
+                dtype: Any = None, num_layers: int | None = None,
+                cache_dir: IRCacheDir = None) -> IREstimate:
+    """Trace ``workload``'s denoise step under ``candidate`` and derive its bounds.
+
+    Tracing uses an abstract mesh: no devices, no compile. ``num_layers`` estimates a
+    shallower model of the same width (to compare with a compile of that depth). See the
+    module docstring for the lower bound and estimate. The counts of a trace are cached as
+    JSON under ``cache_dir`` (default ``data/cache/ir``; ``False``: no cache), keyed by the
+    candidate, the model, the workload, the dtype and the versions and sources they depend on;
+    the bounds are derived afresh for ``topology``.
+    """
+    dtype = dtype or jnp.bfloat16
+    model = workload.config()
+    if num_layers is not None:
+        model = model.with_layers(num_layers)
+    entry = None
+    if cache_dir is not False:
+        job = {"candidate": candidate.name, "attention": candidate.attention,
+               "model": dataclasses.asdict(model), "dtype": jnp.dtype(dtype).name,
+               "workload": {k: v for k, v in dataclasses.asdict(workload).items()
+                            if k != "model"},
+               "versions": program_versions(_TRACE_SOURCES)}
+        key = hashlib.sha256(json.dumps(job, sort_keys=True).encode()).hexdigest()[:32]
+        entry = Path(cache_dir or IR_CACHE_DIR) / f"{key}.json"
+        cached = _read_counts(entry)
+        if cached is not None:
+            counts, trace_seconds = cached
+            return _bounds(candidate, counts, topology, trace_seconds)
+    plan = candidate.plan()
+    start = time.perf_counter()
+    params = abstract_params(model, dtype)
+    inputs = workload.abstract_inputs(dtype)
+    closed = jax.make_jaxpr(lambda p, i: denoise_step(p, model, plan=plan, **i))(params, inputs)
+    param_specs = jax.tree.leaves(candidate.partition_specs(model)["params"],
+                                  is_leaf=lambda x: isinstance(x, P))
+    in_specs = [spec_of(s, len(a.shape)) for s, a in
+                zip(param_specs, jax.tree.leaves(params), strict=True)]
+    in_specs += [tuple(() for _ in a.shape) for a in jax.tree.leaves(inputs)]
+    sizes = dict(zip(candidate.axis_names, candidate.mesh_shape, strict=True))
+    counts = count_jaxpr(closed, in_specs, sizes)
+    counts.param_bytes = candidate.weight_bytes_per_device(model, dtype)
+    trace_seconds = time.perf_counter() - start
+    if entry is not None:
+        _write_counts(entry, counts, trace_seconds)
+    return _bounds(candidate, counts, topology, trace_seconds)
+
+
+def _write_counts(entry: Path, counts: IRCounts, trace_seconds: float) -> None:
+    """Write a trace's counts atomically (a temporary file renamed into place), best effort:
+    a cache that cannot be written (full disk, read-only folder) costs a retrace next time,
+    never the estimate."""
+    payload = {**dataclasses.asdict(counts), "trace_seconds": trace_seconds}
+    temporary = None
+    try:
+        entry.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", dir=entry.parent, suffix=".tmp",
+                                         delete=False) as handle:
+            temporary = Path(handle.name)
+            json.dump(payload, handle)
+        os.replace(temporary, entry)
+    except OSError:
+        if temporary is not None:
+            temporary.unlink(missing_ok=True)
+
+
+def _read_counts(entry: Path) -> tuple[IRCounts, float] | None:
+    """A cached trace's counts and trace seconds, or ``None`` (a damaged entry is removed)."""
+    try:
+        payload = json.loads(entry.read_text())
+        trace_seconds = float(payload.pop("trace_seconds"))
+        collectives = [IRCollective(**{**c, "axes": tuple(c["axes"])})
+                       for c in payload.pop("collectives")]
+        counts = IRCounts(**payload, collectives=collectives)
+        numbers = [counts.flops, counts.hbm_bytes, counts.param_bytes,
+                   counts.largest_activation_bytes,
+                   *(x for c in collectives for x in (c.bytes, c.count))]
+        if not all(isinstance(x, int | float) and not isinstance(x, bool) for x in numbers):
+            raise ValueError("a count is not a number")
+        return counts, trace_seconds
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        entry.unlink(missing_ok=True)
+        return None
+
+
+def _bounds(candidate: Candidate, counts: IRCounts, topology: Topology,
+            trace_seconds: float) -> IREstimate:
+    chip = chip_spec(topology.generation)
+    compute_bound = roofline_seconds(counts.flops, counts.hbm_bytes, chip)
+    compute_estimate = roofline_seconds(counts.flops, counts.hbm_bytes, chip,
+                                        compute_efficiency=COMPUTE_EFFICIENCY,
+                                        hbm_efficiency=HBM_EFFICIENCY)
+    links_per_chip = 2 * topology.ndim
+    placement = topology.device_grid().ravel()[:candidate.num_devices]
+    bound = {True: 0.0, False: 0.0}  # by asynchronous
+    collectives: dict[bool, list[Collective]] = {True: [], False: []}
+    for c in counts.collectives:
+        group = math.prod(candidate.mesh_shape[candidate.axis_names.index(a)] for a in c.axes)
+        received = {"all-reduce": 2 * (group - 1) / group, "collective-permute": 1.0}.get(
+            c.kind, (group - 1) / group) * c.bytes
+        asynchronous = c.kind in ASYNC_KINDS
+        bound[asynchronous] += c.count * received / (links_per_chip * chip.ici_link_bandwidth)
+        axis_ids = [candidate.axis_names.index(a) for a in c.axes]
+        groups = mesh_axis_groups(candidate.mesh_shape, axis_ids)
+        if c.kind == "collective-permute":  # shift by one along the axes (the ring pattern)
+            groups = [(g[i], g[(i + 1) % len(g)]) for g in groups for i in range(len(g))]
+        collectives[asynchronous].append(Collective(c.kind, groups, c.bytes, count=c.count))
+    whole_slice = candidate.num_devices == topology.num_devices
+    modelled = {a: (comm_seconds(items, topology, placement, chip=chip) if whole_slice
+                    else bound[a])
+                for a, items in collectives.items()}
+    lower = Predicted.overlapped(compute_bound, bound[False], bound[True])
+    quick = Predicted.overlapped(compute_estimate, modelled[False], modelled[True])
+    comm_bound, comm_estimate = lower.comm_s, quick.comm_s
+    return IREstimate(
+        candidate=candidate.name, flops=counts.flops, hbm_bytes=counts.hbm_bytes,
+        param_bytes=counts.param_bytes,
+        largest_activation_bytes=counts.largest_activation_bytes,
+        memory_lower_bound_bytes=counts.param_bytes + counts.largest_activation_bytes,
+        comm_bytes=sum(c.bytes * c.count for c in counts.collectives),
+        comm_bytes_by_axes=counts.comm_bytes_by_axes(),
+        collectives=tuple(counts.collectives),
+        lower_bound_seconds=lower.total_s,
+        compute_lower_bound_seconds=compute_bound, comm_lower_bound_seconds=comm_bound,
+        estimate_seconds=quick.total_s,
+        compute_estimate_seconds=compute_estimate, comm_estimate_seconds=comm_estimate,
+        trace_seconds=trace_seconds, notes=tuple(dict.fromkeys(counts.notes)),
+    )

@@ -1,0 +1,34 @@
+"""What a cached result depends on besides its inputs: library versions and source digests.
+
+The compile cache (:mod:`aoizora_lab.compile`) and the IR cache
+(:mod:`aoizora_lab.ir_estimate`) put :func:`program_versions` into their keys, so an upgrade of
+jax, jaxlib or libtpu, or an edit of the code that builds the program, is a miss, never a stale
+hit.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+from collections.abc import Sequence
+from pathlib import Path
+
+_PROGRAM_SOURCES = ("models/wan.py", "models/attention.py", "models/parallel.py",
+                    "workload.py", "candidates.py")
+
+
+def program_versions(extra_sources: Sequence[str] = ()) -> dict[str, str]:
+    """jax / jaxlib / libtpu versions and a digest of the sources that shape the program
+    (plus ``extra_sources``, paths inside the package): what a cached result depends on."""
+    versions = {}
+    for package in ("jax", "jaxlib", "libtpu"):
+        try:
+            versions[package] = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            versions[package] = "absent"
+    root = Path(__file__).resolve().parent
+    digest = hashlib.sha256()
+    for source in (*_PROGRAM_SOURCES, *extra_sources):
+        digest.update((root / source).read_bytes())
+    versions["program_source"] = digest.hexdigest()[:16]
+    return versions
