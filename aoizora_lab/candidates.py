@@ -13,8 +13,8 @@ Names are short and stable, roles in the order above: ``cfg2-uly4-ring2``, ``cfg
 question (:mod:`aoizora_lab.placement`), so candidates are never multiplied by axis orders.
 
 :func:`explain_candidates` lists *every* combination of role degrees considered, with
-``valid`` and the reasons each invalid one is excluded; :func:`enumerate_candidates` returns
-the valid ones. Example, Wan 2.1 14B at 720p on 16 chips: ``cfg4-uly4`` is out (a step has 2
+the reasons each invalid one is excluded (a :class:`CandidateSpace`); :func:`enumerate_candidates`
+returns the valid ones. Example, Wan 2.1 14B at 720p on 16 chips: ``cfg4-uly4`` is out (a step has 2
 passes), ``uly16`` is out (40 heads do not divide by 16), ``cfg2-uly8`` (no fsdp) is out
 (the 28.6 GB of bf16 weights replicated do not fit 15.75 GiB), ``cfg2-uly8-fsdp`` is in.
 """
@@ -25,7 +25,7 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -37,11 +37,9 @@ from aoizora_lab.hardware import chip_spec
 from aoizora_lab.models.attention import check_backend
 from aoizora_lab.models.parallel import ROLES, ParallelPlan, spec_shards
 from aoizora_lab.models.wan import WanConfig, param_leaves, param_specs
+from aoizora_lab.records import Records
 from aoizora_lab.topology import Topology
 from aoizora_lab.workload import Workload
-
-if TYPE_CHECKING:
-    import pandas as pd
 
 ABBREVIATIONS = {"cfg": "cfg", "ulysses": "uly", "ring": "ring", "context": "ctx", "tp": "tp"}
 _ROLE_OF = {abbr: role for role, abbr in ABBREVIATIONS.items()}
@@ -198,11 +196,55 @@ def default_attention(topology: Topology) -> str:
     return "blockwise" if topology.source == "host devices" else "splash"
 
 
-def explain_candidates(workload: Workload, topology: Topology, *, allow_padding: bool = False,
-                       attention: str | None = None, dtype: Any = jnp.bfloat16) -> pd.DataFrame:
-    """Every combination of role degrees (times fsdp on/off) with ``valid`` and ``reason``.
+@dataclass(frozen=True)
+class CandidateOption:
+    """One combination of role degrees (and fsdp on/off) and whether it is a valid candidate."""
 
-    Exclusion rules, each named in ``reason`` (several may apply):
+    degrees: tuple[tuple[str, int], ...]
+    """(role, degree) for every role, in role order (degree 1: role unused)."""
+    fsdp: bool
+    """Weights sharded over the non-tp axes."""
+    candidate: Candidate | None
+    """The candidate (``None`` only where fsdp has no axis to shard over)."""
+    weight_bytes_per_device: float
+    """Stored weight bytes on one device (NaN without a candidate)."""
+    reasons: tuple[str, ...]
+    """Why it is excluded; empty for a valid candidate."""
+
+    @property
+    def valid(self) -> bool:
+        """No exclusion rule applies."""
+        return not self.reasons
+
+    @property
+    def name(self) -> str:
+        """The candidate name, also for an invalid option (e.g. ``uly16``)."""
+        core = Candidate.from_degrees(dict(self.degrees)).name
+        return core + ("-fsdp" if self.fsdp else "")
+
+
+class CandidateSpace(Records[CandidateOption]):
+    """Every option :func:`explain_candidates` considered, valid or not."""
+
+    COLUMNS = ("name", *ROLES, "fsdp", "weight_gib_per_device", "valid", "reason")
+
+    @property
+    def valid(self) -> list[Candidate]:
+        """The valid candidates, in enumeration order: what pruning receives."""
+        return [o.candidate for o in self if o.valid and o.candidate is not None]
+
+    def row(self, item: CandidateOption) -> dict[str, Any]:
+        return {"name": item.name, **dict(item.degrees), "fsdp": item.fsdp,
+                "weight_gib_per_device": item.weight_bytes_per_device / 2**30,
+                "valid": item.valid, "reason": "; ".join(item.reasons)}
+
+
+def explain_candidates(workload: Workload, topology: Topology, *, allow_padding: bool = False,
+                       attention: str | None = None, dtype: Any = jnp.bfloat16
+                       ) -> CandidateSpace:
+    """Every combination of role degrees (times fsdp on/off), valid or not, with the reasons.
+
+    Exclusion rules, each named in ``reasons`` (several may apply):
 
     - a cfg degree above the passes per step (2 with guidance, 1 without);
     - heads not divisible by ``ulysses x tp`` (heads are never padded);
@@ -211,17 +253,15 @@ def explain_candidates(workload: Workload, topology: Topology, *, allow_padding:
     - fsdp with no axis besides tp to shard over;
     - stored weights per device above the chip's usable HBM even with this sharding.
     """
-    import pandas as pd
-
     cfg = workload.config()
     attention = check_backend(attention or default_attention(topology))
     usable = chip_spec(topology.generation).hbm_usable_bytes
-    rows = []
+    options = []
     for degrees in _degree_tuples(topology.num_devices, len(ROLES)):
         by_role = dict(zip(ROLES, degrees, strict=True))
         for fsdp in (False, True):
             reasons = _exclusions(by_role, fsdp, workload, cfg, allow_padding)
-            weights = math.nan
+            candidate, weights = None, math.nan
             if not any(r.startswith("fsdp") for r in reasons):
                 candidate = Candidate.from_degrees(by_role, fsdp=fsdp, attention=attention)
                 weights = candidate.weight_bytes_per_device(cfg, dtype)
@@ -229,11 +269,9 @@ def explain_candidates(workload: Workload, topology: Topology, *, allow_padding:
                     reasons.append(
                         f"weights {weights / 2**30:.1f} GiB per device exceed the "
                         f"{usable / 2**30:.2f} GiB usable HBM")
-            name = Candidate.from_degrees(by_role).name + ("-fsdp" if fsdp else "")
-            rows.append({"name": name, **by_role, "fsdp": fsdp,
-                         "weight_gib_per_device": weights / 2**30,
-                         "valid": not reasons, "reason": "; ".join(reasons)})
-    return pd.DataFrame(rows)
+            options.append(CandidateOption(tuple(by_role.items()), fsdp, candidate, weights,
+                                           tuple(reasons)))
+    return CandidateSpace(options)
 
 
 def _exclusions(degrees: dict[str, int], fsdp: bool, workload: Workload, cfg: WanConfig,
@@ -257,14 +295,6 @@ def _exclusions(degrees: dict[str, int], fsdp: bool, workload: Workload, cfg: Wa
 def enumerate_candidates(workload: Workload, topology: Topology, *,
                          allow_padding: bool = False, attention: str | None = None,
                          dtype: Any = jnp.bfloat16) -> list[Candidate]:
-    """The valid rows of :func:`explain_candidates` as :class:`Candidate` objects."""
-    table = explain_candidates(workload, topology, allow_padding=allow_padding,
-                               attention=attention, dtype=dtype)
-    return candidates_from_table(table, attention or default_attention(topology))
-
-
-def candidates_from_table(table: pd.DataFrame, attention: str) -> list[Candidate]:
-    """The valid rows of an :func:`explain_candidates` table as candidates."""
-    return [Candidate.from_degrees({r: int(row[r]) for r in ROLES}, fsdp=bool(row["fsdp"]),
-                                   attention=attention)
-            for _, row in table[table["valid"]].iterrows()]
+    """The valid candidates of :func:`explain_candidates`."""
+    return explain_candidates(workload, topology, allow_padding=allow_padding,
+                              attention=attention, dtype=dtype).valid

@@ -1,10 +1,13 @@
 """``aoizora-lab`` command line: the workbench's entry points for people and scripts.
 
-``aoizora-lab prune wan2.1-t2v-14b 720p v5e:4x4`` lists the sharding candidates and which
+Workloads on slices are written as one *case* spec (:mod:`aoizora_lab.cases`), e.g.
+``wan2.1-t2v-14b@1280x720x81/v5e:4x4``.
+
+``aoizora-lab prune wan2.1-t2v-14b@720p/v5e:4x4`` lists the sharding candidates and which
 survive IR pruning, with a reason for each.
 
-``aoizora-lab plan --model wan2.1-t2v-14b --size 1280x720 --topology v5e:4x4`` runs the whole
-search and prints the ranking, the best plan, its breakdown and the baseline table.
+``aoizora-lab plan wan2.1-t2v-14b@1280x720x81/v5e:4x4`` runs the whole search and prints the
+ranking, the best plan, its breakdown and the baseline table.
 
 ``aoizora-lab topology v5e:4x4`` prints the slice (shape, wraparound, where the devices came
 from, which device sits on which chip) and a table of predicted collective times under a
@@ -28,6 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
+from aoizora_lab.cases import parse_case
 from aoizora_lab.comm_model import compare_placements, standard_collectives
 from aoizora_lab.errors import AoizoraError
 from aoizora_lab.hardware import chip_spec
@@ -65,26 +69,26 @@ def _topology_command(args: argparse.Namespace) -> int:
 def _prune_command(args: argparse.Namespace) -> int:
     import pandas as pd
 
-    from aoizora_lab.candidates import enumerate_candidates, explain_candidates
+    from aoizora_lab.candidates import explain_candidates
     from aoizora_lab.prune import prune
-    from aoizora_lab.workload import Workload
 
-    workload = Workload.preset(args.model, args.resolution, frames=args.frames,
-                               cfg=not args.no_cfg)
-    topology = Topology.from_name(args.slice)
-    table = explain_candidates(workload, topology, allow_padding=args.allow_padding)
-    candidates = enumerate_candidates(workload, topology, allow_padding=args.allow_padding)
+    case = parse_case(args.case)
+    workload, topology = case.workload, case.topology()
+    space = explain_candidates(workload, topology, allow_padding=args.allow_padding)
+    candidates = space.valid
     print(f"{workload.name} ({workload.tokens:,} tokens) on {topology.name}: "
-          f"{len(table)} combinations considered, {len(candidates)} valid")
+          f"{len(space)} combinations considered, {len(candidates)} valid")
     with pd.option_context("display.width", 250, "display.max_columns", 20,
                            "display.max_colwidth", 100, "display.max_rows", 500):
         if args.show_invalid:
+            table = space.to_frame()
             print(table[~table["valid"]][["name", "reason"]].to_string(index=False))
-        pruned = prune(candidates, workload, topology)
+        pruning = prune(candidates, workload, topology)
         columns = ["candidate", "estimate_s", "lower_bound_s", "comm_gb_per_device",
-                   "memory_lower_bound_gib", "keep", "reason"]
-        print(pruned[columns].to_string(index=False, float_format=lambda v: f"{v:.3g}"))
-    print(f"kept {int(pruned['keep'].sum())} of {len(pruned)} for compilation")
+                   "memory_lower_bound_gib", "verdict", "reason"]
+        print(pruning.to_frame()[columns].to_string(index=False,
+                                                    float_format=lambda v: f"{v:.3g}"))
+    print(f"kept {len(pruning.kept)} of {len(pruning)} for compilation")
     return 0
 
 
@@ -92,18 +96,13 @@ def _plan_command(args: argparse.Namespace) -> int:
     import pandas as pd
 
     from aoizora_lab.planner import plan
-    from aoizora_lab.workload import Workload
 
-    try:
-        width, height = (int(v) for v in args.size.lower().split("x"))
-    except ValueError:
-        raise AoizoraError(f"--size {args.size!r} must be WIDTHxHEIGHT, e.g. 1280x720.") from None
-    workload = Workload(model=args.model, height=height, width=width, frames=args.frames,
-                        cfg=not args.no_cfg)
-    topology = Topology.from_name(args.topology)
+    case = parse_case(args.case)
+    workload = case.workload
     if args.json and not Path(args.json).absolute().parent.is_dir():
         raise AoizoraError(f"--json {args.json!r}: folder {str(Path(args.json).parent)!r} does "
                            "not exist; create it or write the plan elsewhere.")
+    topology = case.topology()
     result = plan(workload, topology, num_layers=args.layers, budget=args.budget,
                   quiet=args.quiet)
     best = result.best
@@ -111,15 +110,17 @@ def _plan_command(args: argparse.Namespace) -> int:
                            "display.max_colwidth", 70):
         print(f"{workload.name} ({workload.tokens:,} tokens) on {topology.name}")
         print("\nRanking (candidate x placement, predicted seconds per step):")
-        print(result.placements.drop(columns=["placement"]).head(args.top)
+        print(result.ranking[:args.top].to_frame().drop(columns=["placement"])
               .to_string(float_format=lambda v: f"{v:.4g}"))
         print(f"\nBest plan: {best.candidate.name}, {best.placement.description}: "
               f"{best.predicted.total_s:.4g} s (compute {best.predicted.compute_s:.4g} s, "
               f"communication {best.predicted.comm_s:.4g} s)")
         print("\nWhere its communication time goes:")
         print(best.breakdown.head(args.top).to_string(float_format=lambda v: f"{v:.4g}"))
-        print("\nBaselines (same compiler, same model):")
-        print(result.baselines.to_string(float_format=lambda v: f"{v:.4g}"))
+        print("\nBaselines and ablations (same compiler, same model; speedup_of_plan = "
+              "baseline / plan):")
+        print(result.baselines.to_frame().drop(columns=["reason"])
+              .to_string(float_format=lambda v: f"{v:.4g}"))
     if args.json:
         best.to_json(args.json)
         print(f"\nplan written to {args.json}")
@@ -162,6 +163,10 @@ def _bench_command(args: argparse.Namespace) -> int:
     return 0
 
 
+CASE_HELP = ("workload on a slice, MODEL@WIDTHxHEIGHT[xFRAMES][-nocfg]/SLICE, e.g. "
+             "wan2.1-t2v-14b@1280x720x81/v5e:4x4 (480p / 720p name a size)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``aoizora-lab``."""
     parser = argparse.ArgumentParser(
@@ -182,11 +187,7 @@ def build_parser() -> argparse.ArgumentParser:
     topo.set_defaults(run=_topology_command)
     pr = commands.add_parser(
         "prune", help="enumerate sharding candidates and prune them from the traced IR")
-    pr.add_argument("model", help="Wan preset, e.g. wan2.1-t2v-14b")
-    pr.add_argument("resolution", help="480p or 720p")
-    pr.add_argument("slice", help="slice name, e.g. v5e:4x4")
-    pr.add_argument("--frames", type=int, default=81)
-    pr.add_argument("--no-cfg", action="store_true", help="one pass per step (no guidance)")
+    pr.add_argument("case", help=CASE_HELP)
     pr.add_argument("--allow-padding", action="store_true",
                     help="admit sequence degrees that need padded tokens")
     pr.add_argument("--show-invalid", action="store_true",
@@ -194,11 +195,7 @@ def build_parser() -> argparse.ArgumentParser:
     pr.set_defaults(run=_prune_command)
     pl = commands.add_parser(
         "plan", help="search shardings and placements; print the ranking and baselines")
-    pl.add_argument("--model", required=True, help="Wan preset, e.g. wan2.1-t2v-14b")
-    pl.add_argument("--size", required=True, help="WIDTHxHEIGHT in pixels, e.g. 1280x720")
-    pl.add_argument("--frames", type=int, default=81)
-    pl.add_argument("--topology", required=True, help="slice name, e.g. v5e:4x4")
-    pl.add_argument("--no-cfg", action="store_true", help="one pass per step (no guidance)")
+    pl.add_argument("case", help=CASE_HELP)
     pl.add_argument("--layers", type=int, default=None,
                     help="compile this many layers and scale the layer loop (faster)")
     pl.add_argument("--budget", type=int, default=20_000,
@@ -229,11 +226,11 @@ def build_parser() -> argparse.ArgumentParser:
                      help="run only these benchmarks")
     ben.add_argument("--num-layers", type=int, default=None,
                      help="compile depth (default: full, or 2 with --quick)")
-    ben.add_argument("--cases", nargs="+", metavar="MODEL@RES/SLICE",
-                     help="plan-quality cases, e.g. wan2.1-t2v-14b@720p/v5e:4x4 "
+    ben.add_argument("--cases", nargs="+", metavar="CASE",
+                     help="plan-quality cases, e.g. wan2.1-t2v-14b@1280x720x81/v5e:4x4 "
                           "(default: the documented matrix)")
-    ben.add_argument("--search-cases", nargs="+", metavar="MODEL@RES/SLICE",
-                     help="search-cost cases (default: wan2.1-t2v-14b@720p/v5e:4x4)")
+    ben.add_argument("--search-cases", nargs="+", metavar="CASE",
+                     help="search-cost cases (default: wan2.1-t2v-14b@1280x720x81/v5e:4x4)")
     ben.add_argument("--skip-exhaustive", action="store_true",
                      help="search cost without the exhaustive comparison")
     ben.add_argument("--cache-dir", default=None,

@@ -28,6 +28,7 @@ import concurrent.futures as cf
 import dataclasses
 import hashlib
 import json
+import math
 import os
 import shutil
 import signal
@@ -43,6 +44,7 @@ from typing import Any
 from aoizora_lab.candidates import Candidate
 from aoizora_lab.errors import AoizoraError, is_whole
 from aoizora_lab.hlo import CommProgram, parse_hlo
+from aoizora_lab.records import Records
 from aoizora_lab.topology import Topology
 from aoizora_lab.versions import program_versions
 from aoizora_lab.workload import Workload
@@ -82,10 +84,28 @@ class CompiledCandidate:
         return self.hlo_path.read_text()
 
 
+class Compiles(Records[CompiledCandidate]):
+    """The compile of every candidate, in the order they were given."""
+
+    COLUMNS = ("candidate", "status", "cached", "compile_s", "peak_gib", "comm_gb", "message")
+
+    @property
+    def ok(self) -> list[CompiledCandidate]:
+        """The compiles that produced a program."""
+        return [r for r in self if r.status == "ok"]
+
+    def row(self, item: CompiledCandidate) -> dict[str, Any]:
+        return {"candidate": item.candidate.name, "status": item.status, "cached": item.cached,
+                "compile_s": item.compile_seconds,
+                "peak_gib": item.memory.get("peak", math.nan) / 2**30,
+                "comm_gb": item.program.total_bytes / 1e9 if item.program else math.nan,
+                "message": item.message[:200]}
+
+
 def compile_candidates(candidates: Sequence[Candidate], workload: Workload, topology: Topology,
                        *, executor: cf.Executor | None = None,
                        cache_dir: str | Path | None = None, timeout_s: float = 900.0,
-                       num_layers: int | None = None) -> list[CompiledCandidate]:
+                       num_layers: int | None = None) -> Compiles:
     """Compile ``candidates`` for ``topology``'s devices; one result per candidate, in order."""
     check_compilable(topology)
     model = workload.config()
@@ -114,8 +134,8 @@ def compile_candidates(candidates: Sequence[Candidate], workload: Workload, topo
     finally:
         if own:
             pool.shutdown()
-    return [_result(c, r, model.num_layers, num_layers) for c, r in
-            zip(candidates, raw, strict=True)]
+    return Compiles(_result(c, r, model.num_layers, num_layers) for c, r in
+                    zip(candidates, raw, strict=True))
 
 
 def check_compilable(topology: Topology) -> None:

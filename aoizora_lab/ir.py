@@ -177,7 +177,7 @@ class Reader:
             return
         old_axes = {a for dim in old for a in dim}
         new_axes = {a for dim in new for a in dim}
-        moved = [a for a in old_axes & new_axes
+        moved = [a for a in sorted(old_axes & new_axes)
                  if next(i for i, d in enumerate(old) if a in d)
                  != next(i for i, d in enumerate(new) if a in d)]
         removed = sorted(old_axes - new_axes)

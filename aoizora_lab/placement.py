@@ -35,14 +35,17 @@ placement ("cfg on x:2 | uly on x:2·y:4").
 
 from __future__ import annotations
 
+import dataclasses
+import enum
 import itertools
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from aoizora_lab.candidates import Candidate
 from aoizora_lab.comm_model import (
     Collective,
     ModelOptions,
@@ -54,9 +57,14 @@ from aoizora_lab.comm_model import (
     ring_flows,
     route_matrix,
 )
+from aoizora_lab.cost import Predicted, predict
 from aoizora_lab.errors import AoizoraError
 from aoizora_lab.hardware import ChipSpec, chip_spec
+from aoizora_lab.records import Records
 from aoizora_lab.topology import Topology
+
+if TYPE_CHECKING:
+    from aoizora_lab.hlo import CommProgram
 
 
 @dataclass(frozen=True)
@@ -94,6 +102,72 @@ class Placement:
         devices = np.empty(len(self.order), dtype=object)
         devices[:] = [topology.devices[i] for i in self.order]
         return devices.reshape(tuple(mesh_shape) if mesh_shape else (len(self.order),))
+
+
+# ----------------------------------------------------------------------------- device orders
+
+
+def plain_order(topology: Topology) -> Placement:
+    """Logical device *i* on physical device *i*: what ``Mesh(np.array(jax.devices())
+    .reshape(shape))`` gives, and how the official Wan / xDiT code ranks processes."""
+    return Placement(tuple(range(topology.num_devices)), "plain device order")
+
+
+def _order_of(devices: Any, topology: Topology, how: str) -> Placement:
+    position = {id(d): i for i, d in enumerate(_devices_of(topology))}
+    return Placement(tuple(position[id(d)] for d in np.asarray(devices).ravel()), how)
+
+
+def _devices_of(topology: Topology) -> list[Any]:
+    if topology.devices is None:
+        raise AoizoraError(
+            f"{topology.name} is simulated and has no devices for a library to order; use "
+            "Topology.from_name with libtpu, live TPU devices, or CPU host devices."
+        )
+    return list(topology.devices)
+
+
+def make_mesh_order(mesh_shape: Sequence[int], axis_names: Sequence[str],
+                    topology: Topology) -> Placement:
+    """Where ``jax.make_mesh`` puts a mesh of ``mesh_shape`` (raises where it refuses)."""
+    import jax
+
+    mesh = jax.make_mesh(tuple(mesh_shape), tuple(axis_names), devices=_devices_of(topology))
+    return _order_of(mesh.devices, topology, "jax.make_mesh")
+
+
+def create_device_mesh_order(mesh_shape: Sequence[int], topology: Topology) -> Placement:
+    """Where ``mesh_utils.create_device_mesh`` puts a mesh of ``mesh_shape``, retried with
+    ``allow_split_physical_axes=True`` when its default refuses the shape."""
+    from jax.experimental import mesh_utils
+
+    devices = _devices_of(topology)
+    try:
+        ordered = mesh_utils.create_device_mesh(tuple(mesh_shape), devices)
+        how = "mesh_utils.create_device_mesh"
+    except (ValueError, NotImplementedError, AssertionError):
+        ordered = mesh_utils.create_device_mesh(tuple(mesh_shape), devices,
+                                                allow_split_physical_axes=True)
+        how = "mesh_utils.create_device_mesh(allow_split_physical_axes=True)"
+    return _order_of(ordered, topology, how)
+
+
+def library_orders(mesh_shape: Sequence[int], axis_names: Sequence[str],
+                   topology: Topology) -> list[Placement]:
+    """The plain device order, and what ``jax.make_mesh`` and
+    ``mesh_utils.create_device_mesh`` pick where they accept the mesh (they refuse some
+    shapes on some slices; a simulated slice has only the plain order): every placement
+    search starts from these, so it always sees what those libraries would do."""
+    orders = [plain_order(topology)]
+    if topology.devices is None:
+        return orders
+    for build in (lambda: make_mesh_order(mesh_shape, axis_names, topology),
+                  lambda: create_device_mesh_order(mesh_shape, topology)):
+        try:
+            orders.append(build())
+        except (NotImplementedError, ValueError, AssertionError):
+            continue
+    return orders
 
 
 # ----------------------------------------------------------------------------- symmetry
@@ -408,52 +482,95 @@ class PlacementScorer:
 # ----------------------------------------------------------------------------- search
 
 
+class Source(enum.Enum):
+    """Where a scored placement came from."""
+
+    LIBRARY = "library order"
+    """A device order a library would use: plain order, ``jax.make_mesh``,
+    ``mesh_utils.create_device_mesh`` (:func:`library_orders`)."""
+    STRUCTURED = "structured"
+    """Each logical axis on whole physical axes or factors of them
+    (:func:`structured_placements`)."""
+    LOCAL_SEARCH = "local search"
+    """Simulated-annealing swaps from one of the best placements found before."""
+
+
+@dataclass(frozen=True)
+class ScoredPlacement:
+    """A placement and its communication time under the ICI model."""
+
+    placement: Placement
+    """The device order."""
+    comm_s: float
+    """All collectives of the program, one after the other, on this placement."""
+    source: Source
+    """How the search found it."""
+
+
+class ScoredPlacements(Records[ScoredPlacement]):
+    """What :func:`search_placements` scored, least communication first (one per symmetry
+    class). :meth:`to_frame` adds each placement's busiest link."""
+
+    COLUMNS = ("placement", "comm_s", "source", "description", "busiest_link")
+
+    def __init__(self, items: Iterable[ScoredPlacement] = (), *,
+                 busiest: Callable[[Placement], str] | None = None) -> None:
+        super().__init__(items)
+        self._busiest = busiest
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, slice):
+            return ScoredPlacements(self._items[index], busiest=self._busiest)
+        return self._items[index]
+
+    def row(self, item: ScoredPlacement) -> dict[str, Any]:
+        return {"placement": item.placement, "comm_s": item.comm_s,
+                "source": item.source.value, "description": item.placement.description,
+                "busiest_link": self._busiest(item.placement) if self._busiest else "-"}
+
+
 def search_placements(program: Any, mesh_shape: Sequence[int], topology: Topology, *,
                       budget: int = 20_000, top: int = 5, seed: int = 0,
                       axis_names: Sequence[str] | None = None,
                       extra: Sequence[Placement] = (), chip: ChipSpec | None = None,
-                      options: ModelOptions | None = None) -> Any:
-    """Rank placements of ``program`` (a CommProgram or collectives) on ``topology``.
+                      options: ModelOptions | None = None) -> ScoredPlacements:
+    """Score placements of ``program`` (a CommProgram or collectives) on ``topology``.
 
-    Scores every structured placement (and ``extra`` ones, e.g. what ``jax.make_mesh`` and
-    ``mesh_utils.create_device_mesh`` pick) once per symmetry class, then spends what is left
-    of ``budget`` evaluations on a local search from the ``top`` best. Returns a DataFrame
-    sorted by ``comm_s``: ``placement`` (a :class:`Placement`), ``comm_s``, ``source``
-    (structured / extra / local search), ``description``, ``busiest_link``.
+    Scores every structured placement (and ``extra`` ones, e.g. :func:`library_orders`) once
+    per symmetry class, then spends what is left of ``budget`` evaluations on a local search
+    from the ``top`` best. Returns them least communication first.
     """
-    import pandas as pd
-
     scorer = PlacementScorer(program, topology, chip=chip, options=options)
     maps = symmetries(topology)
-    rows: dict[tuple[int, ...], dict[str, Any]] = {}
+    found: dict[tuple[int, ...], ScoredPlacement] = {}
 
-    def consider(placements: Iterable[Placement], source: str) -> None:
+    def consider(placements: Iterable[Placement], source: Source) -> None:
         fresh: dict[tuple[int, ...], Placement] = {}
         for placement in placements:
             key = canonical(placement.order, maps)
-            if key not in rows:
+            if key not in found:
                 fresh.setdefault(key, placement)
         if not fresh:
             return
         scores = scorer.scores([p.order for p in fresh.values()])
         for (key, placement), score in zip(fresh.items(), scores, strict=True):
-            rows[key] = {"placement": placement, "comm_s": float(score), "source": source,
-                         "description": placement.description}
+            found[key] = ScoredPlacement(placement, float(score), source)
 
-    consider(extra, "extra")
-    consider(structured_placements(mesh_shape, topology, axis_names), "structured")
-    starts = sorted(rows.values(), key=lambda r: r["comm_s"])[:top]
+    consider(extra, Source.LIBRARY)
+    consider(structured_placements(mesh_shape, topology, axis_names), Source.STRUCTURED)
+    starts = sorted(found.values(), key=lambda r: r.comm_s)[:top]
     rng = np.random.default_rng(seed)
     per_start = max(0, (budget - scorer.evaluations) // max(1, len(starts)))
-    consider([Placement(tuple(_anneal(scorer, np.array(start["placement"].order), per_start,
+    consider([Placement(tuple(_anneal(scorer, np.array(start.placement.order), per_start,
                                       rng)),
-                        f"local search from: {start['description']}") for start in starts],
-             "local search")
-    table = pd.DataFrame(list(rows.values())).sort_values("comm_s", kind="stable")
-    table["busiest_link"] = [
-        str(estimate(scorer.program, topology, p, chip=scorer.chip,
-                     options=scorer.options).busiest_link or "-") for p in table["placement"]]
-    return table.reset_index(drop=True)
+                        f"local search from: {start.placement.description}")
+              for start in starts], Source.LOCAL_SEARCH)
+
+    def busiest(placement: Placement) -> str:
+        return str(estimate(scorer.program, topology, placement, chip=scorer.chip,
+                            options=scorer.options).busiest_link or "-")
+
+    return ScoredPlacements(sorted(found.values(), key=lambda r: r.comm_s), busiest=busiest)
 
 
 def _anneal(scorer: PlacementScorer, order: np.ndarray, evaluations: int,
@@ -488,3 +605,55 @@ def _anneal(scorer: PlacementScorer, order: np.ndarray, evaluations: int,
             if current_s < best_s:
                 best, best_s = current.copy(), current_s
     return best
+
+
+# ----------------------------------------------------------------------------- ranking
+
+
+@dataclass(frozen=True)
+class RankedPlacement:
+    """One entry of a ranking: a candidate on a placement, priced in full."""
+
+    candidate: Candidate
+    """The logical sharding."""
+    placement: Placement
+    """Its device order on the slice."""
+    predicted: Predicted
+    """Compute, communication and the step with the overlap rule
+    (:func:`aoizora_lab.cost.predict`)."""
+    source: Source
+    """Where the placement search found it."""
+
+
+class Ranking(Records[RankedPlacement]):
+    """Candidates on placements, fastest predicted step first."""
+
+    COLUMNS = ("candidate", "placement", "description", "source", "compute_s", "comm_s",
+               "total_s")
+
+    def ranked(self) -> Ranking:
+        """The same entries, fastest first (ties keep their order)."""
+        return Ranking(sorted(self, key=lambda r: r.predicted.total_s))
+
+    def row(self, item: RankedPlacement) -> dict[str, Any]:
+        return {"candidate": item.candidate.name, "placement": item.placement,
+                "description": item.placement.description, "source": item.source.value,
+                **dataclasses.asdict(item.predicted)}
+
+
+TOP_PLACEMENTS = 3
+"""Placements per candidate (best by communication) that are priced in full and ranked."""
+
+
+def rank_placements(program: CommProgram, candidate: Candidate, topology: Topology, *,
+                    budget: int = 20_000, top: int = TOP_PLACEMENTS) -> Ranking:
+    """Search ``candidate``'s placements for its compiled ``program`` and price the ``top``
+    least-communication ones with the overlap rule, fastest first: the one way the planner
+    and the benchmarks rank a compiled program's placements."""
+    found = search_placements(program, candidate.mesh_shape, topology, budget=budget,
+                              axis_names=candidate.axis_names,
+                              extra=library_orders(candidate.mesh_shape, candidate.axis_names,
+                                                   topology))
+    return Ranking(RankedPlacement(candidate, s.placement,
+                                   predict(program, topology, s.placement), s.source)
+                   for s in found[:top]).ranked()

@@ -27,16 +27,17 @@ estimate of 11.8 s is 1.55x the best and rule 3 drops it.
 
 from __future__ import annotations
 
+import enum
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
-
-import pandas as pd
 
 from aoizora_lab.candidates import Candidate
 from aoizora_lab.errors import AoizoraError
 from aoizora_lab.hardware import chip_spec
-from aoizora_lab.ir import IRCacheDir, IREstimate, estimate_ir
+from aoizora_lab.ir_estimate import IRCacheDir, IREstimate, estimate_ir
+from aoizora_lab.records import Records
 from aoizora_lab.topology import Topology
 from aoizora_lab.workload import Workload
 
@@ -59,18 +60,89 @@ def estimate_candidates(candidates: Sequence[Candidate], workload: Workload,
     return results
 
 
+class Verdict(enum.Enum):
+    """What pruning decided for one candidate (the rule of the module docstring that applied)."""
+
+    KEPT_BEST = "kept: among the best estimates"
+    """Rule 5: among the ``keep`` best estimates, kept whatever the other rules say."""
+    KEPT = "kept"
+    """Passed rules 1-4."""
+    OVER_HBM = "cannot fit"
+    """Rule 1: parameters plus the largest activation exceed the usable HBM."""
+    CANNOT_WIN = "cannot win"
+    """Rule 2: lower bound above the best estimate plus the bound margin."""
+    UNLIKELY = "unlikely to win"
+    """Rule 3: estimate above the best estimate plus the estimate margin."""
+    OVER_BUDGET = "over the compile budget"
+    """Rule 4: not among the best ``max_fraction`` of the candidates."""
+    TRACE_FAILED = "trace failed"
+    """The IR trace raised; the reason holds the error."""
+
+    @property
+    def keep(self) -> bool:
+        """Whether the candidate goes on to be compiled."""
+        return self in (Verdict.KEPT_BEST, Verdict.KEPT)
+
+
+@dataclass(frozen=True)
+class PruneDecision:
+    """Pruning's decision for one candidate, with the IR figures it was made from."""
+
+    candidate: Candidate
+    """The candidate decided on."""
+    verdict: Verdict
+    """Which rule decided."""
+    reason: str
+    """The decision for people, with the numbers that made it."""
+    estimate: IREstimate | None
+    """The candidate's IR estimate and bounds (``None`` when its trace failed)."""
+    position: int
+    """Its place in the candidates pruning received (compiles keep that order)."""
+
+
 PRUNING_COLUMNS = ("candidate", "estimate_s", "lower_bound_s", "compute_estimate_s",
                    "comm_estimate_s", "tflops_per_device", "comm_gb_per_device",
-                   "param_gib_per_device", "memory_lower_bound_gib", "keep", "reason")
-"""Columns of :func:`prune`'s table."""
+                   "param_gib_per_device", "memory_lower_bound_gib", "keep", "verdict",
+                   "reason")
+"""Columns of :meth:`Pruning.to_frame`."""
+
+
+class Pruning(Records[PruneDecision]):
+    """Every candidate's decision, best estimate first (failed traces last)."""
+
+    COLUMNS = PRUNING_COLUMNS
+
+    @property
+    def kept(self) -> list[Candidate]:
+        """The candidates kept, in the order pruning received them: what gets compiled."""
+        return [d.candidate for d in sorted(self, key=lambda d: d.position) if d.verdict.keep]
+
+    def decision(self, name: str) -> PruneDecision:
+        """The decision on the candidate called ``name``."""
+        for d in self:
+            if d.candidate.name == name:
+                return d
+        raise AoizoraError(f"No candidate {name!r} was pruned; candidates: "
+                           f"{[d.candidate.name for d in self]}.")
+
+    def row(self, item: PruneDecision) -> dict[str, Any]:
+        e = item.estimate
+        figures = {} if e is None else {
+            "estimate_s": e.estimate_seconds, "lower_bound_s": e.lower_bound_seconds,
+            "compute_estimate_s": e.compute_estimate_seconds,
+            "comm_estimate_s": e.comm_estimate_seconds, "tflops_per_device": e.flops / 1e12,
+            "comm_gb_per_device": e.comm_bytes / 1e9, "param_gib_per_device": e.param_bytes / GiB,
+            "memory_lower_bound_gib": e.memory_lower_bound_bytes / GiB}
+        return {"candidate": item.candidate.name, **figures, "keep": item.verdict.keep,
+                "verdict": item.verdict.name.lower(), "reason": item.reason}
 
 
 def prune(candidates: Sequence[Candidate], workload: Workload, topology: Topology, *,
           keep: int = 3, bound_margin: float = 0.25, estimate_margin: float = 0.1,
           max_fraction: float = 0.25, estimates: dict[str, IREstimate | str] | None = None,
           dtype: Any = None, ir_cache_dir: IRCacheDir = None,
-          ) -> pd.DataFrame:
-    """One row per candidate, best estimate first: IR figures, ``keep`` and ``reason``."""
+          ) -> Pruning:
+    """Decide for every candidate (rules in the module docstring); best estimate first."""
     if keep < 1 or bound_margin < 0 or estimate_margin < 0 or not 0 < max_fraction <= 1:
         raise AoizoraError(
             f"prune needs keep >= 1, non-negative margins and 0 < max_fraction <= 1; got "
@@ -81,69 +153,53 @@ def prune(candidates: Sequence[Candidate], workload: Workload, topology: Topolog
     estimates = estimates or estimate_candidates(candidates, workload, topology, dtype=dtype,
                                                  ir_cache_dir=ir_cache_dir)
     usable = chip_spec(topology.generation).hbm_usable_bytes
-    rows = []
-    for candidate in candidates:
+    failed, fits, over = [], [], []
+    for position, candidate in enumerate(candidates):
         result = estimates[candidate.name]
         if isinstance(result, str):
-            rows.append({"candidate": candidate.name, "keep": False,
-                         "reason": f"trace failed: {result}"})
-            continue
-        rows.append({
-            "candidate": candidate.name,
-            "estimate_s": result.estimate_seconds,
-            "lower_bound_s": result.lower_bound_seconds,
-            "compute_estimate_s": result.compute_estimate_seconds,
-            "comm_estimate_s": result.comm_estimate_seconds,
-            "tflops_per_device": result.flops / 1e12,
-            "comm_gb_per_device": result.comm_bytes / 1e9,
-            "param_gib_per_device": result.param_bytes / GiB,
-            "memory_lower_bound_gib": result.memory_lower_bound_bytes / GiB,
-            "keep": True, "reason": "",
-        })
-    table = pd.DataFrame(rows, columns=PRUNING_COLUMNS)  # every column, even if no trace ran
-    traced = table["reason"] == ""
-    fits = traced & (table["memory_lower_bound_gib"] * GiB <= usable)
-    table.loc[traced & ~fits, "keep"] = False
-    table.loc[traced & ~fits, "reason"] = table.loc[traced & ~fits].apply(
-        lambda r: f"cannot fit: needs >= {r.memory_lower_bound_gib:.2f} GiB per device "
-                  f"(parameters + largest activation) > {usable / GiB:.2f} GiB usable HBM",
-        axis=1)
-    if fits.any():
-        ranked = _ranked(table[fits]).index
-        best = table.loc[ranked[0]]
-        best_s = best["estimate_s"]
-        for i in table[fits].index:
-            row = table.loc[i]
-            if i in ranked[:keep]:
-                table.loc[i, "reason"] = f"kept: among the {keep} best estimates"
-            elif row.lower_bound_s > (1 + bound_margin) * best_s:
-                table.loc[i, ["keep", "reason"]] = [False, (
-                    f"cannot win: lower bound {row.lower_bound_s:.3g} s > "
-                    f"{1 + bound_margin:g} x best estimate {best_s:.3g} s ({best.candidate})")]
-            elif row.estimate_s > (1 + estimate_margin) * best_s:
-                table.loc[i, ["keep", "reason"]] = [False, (
-                    f"unlikely to win: estimate {row.estimate_s:.3g} s is "
-                    f"{row.estimate_s / best_s:.2f} x the best ({best.candidate})")]
-            elif i not in ranked[:budget]:
-                table.loc[i, ["keep", "reason"]] = [False, (
+            failed.append(PruneDecision(candidate, Verdict.TRACE_FAILED,
+                                        f"trace failed: {result}", None, position))
+        elif result.memory_lower_bound_bytes > usable:
+            over.append(PruneDecision(
+                candidate, Verdict.OVER_HBM,
+                f"cannot fit: needs >= {result.memory_lower_bound_bytes / GiB:.2f} GiB per "
+                f"device (parameters + largest activation) > {usable / GiB:.2f} GiB usable HBM",
+                result, position))
+        else:
+            fits.append((position, candidate, result))
+    fits = _ranked(fits)
+    decided = []
+    if fits:
+        best_name, best_s = fits[0][1].name, fits[0][2].estimate_seconds
+        for rank, (position, candidate, e) in enumerate(fits):
+            if rank < keep:
+                verdict, reason = Verdict.KEPT_BEST, f"kept: among the {keep} best estimates"
+            elif e.lower_bound_seconds > (1 + bound_margin) * best_s:
+                verdict, reason = Verdict.CANNOT_WIN, (
+                    f"cannot win: lower bound {e.lower_bound_seconds:.3g} s > "
+                    f"{1 + bound_margin:g} x best estimate {best_s:.3g} s ({best_name})")
+            elif e.estimate_seconds > (1 + estimate_margin) * best_s:
+                verdict, reason = Verdict.UNLIKELY, (
+                    f"unlikely to win: estimate {e.estimate_seconds:.3g} s is "
+                    f"{e.estimate_seconds / best_s:.2f} x the best ({best_name})")
+            elif rank >= budget:
+                verdict, reason = Verdict.OVER_BUDGET, (
                     f"over the compile budget: not among the best {budget} of "
-                    f"{len(candidates)} estimates")]
+                    f"{len(candidates)} estimates")
             else:
-                table.loc[i, "reason"] = (f"kept: estimate within {1 + estimate_margin:g} x "
-                                          "the best")
-    return pd.concat([_ranked(table[traced]), table[~traced]]).reset_index(drop=True)
+                verdict, reason = Verdict.KEPT, (
+                    f"kept: estimate within {1 + estimate_margin:g} x the best")
+            decided.append(PruneDecision(candidate, verdict, reason, e, position))
+    # Candidates over HBM rank among the traced ones by estimate, as the kept ones do.
+    traced = sorted(decided + over, key=lambda d: (*_rank_key(d.estimate), d.position))
+    return Pruning([*traced, *failed])
 
 
-def survivors(candidates: Sequence[Candidate], pruning: pd.DataFrame) -> list[Candidate]:
-    """The candidates ``pruning`` (a :func:`prune` table) kept, in ``candidates``' order:
-    what the compile stage compiles."""
-    kept = set(pruning.loc[pruning["keep"].astype(bool), "candidate"])
-    return [c for c in candidates if c.name in kept]
-
-
-def _ranked(table: pd.DataFrame) -> pd.DataFrame:
+def _rank_key(e: IREstimate) -> tuple[float, float]:
     """Best estimate first; estimates equal to 3 significant digits go to less communication."""
-    tie = table["estimate_s"].map(lambda v: float(f"{v:.3g}"))
-    order = pd.DataFrame({"tie": tie, "comm": table["comm_estimate_s"]}).sort_values(
-        ["tie", "comm"], kind="stable").index
-    return table.loc[order]
+    return float(f"{e.estimate_seconds:.3g}"), e.comm_estimate_seconds
+
+
+def _ranked(fits: list[tuple[int, Candidate, IREstimate]]
+            ) -> list[tuple[int, Candidate, IREstimate]]:
+    return sorted(fits, key=lambda f: _rank_key(f[2]))

@@ -20,30 +20,13 @@ from typing import Any
 import numpy as np
 
 from aoizora_lab.candidates import Candidate
+from aoizora_lab.cost import Predicted
 from aoizora_lab.errors import AoizoraError
 from aoizora_lab.placement import Placement
 from aoizora_lab.topology import Topology
 from aoizora_lab.workload import Workload
 
 PLAN_SCHEMA_VERSION = 1
-
-
-@dataclass(frozen=True)
-class Predicted:
-    """Predicted one-step latency and its parts, in seconds."""
-
-    compute_s: float
-    comm_s: float
-    total_s: float
-
-    @classmethod
-    def overlapped(cls, compute_s: float, sync_comm_s: float,
-                   async_comm_s: float) -> Predicted:
-        """The overlap rule: asynchronous collectives hide behind compute up to its length,
-        synchronous ones add. Example: 4 s compute, 0.5 s sync, 1 s async -> 4.5 s; with 5 s
-        async -> 5.5 s (1 s of it exposed)."""
-        return cls(float(compute_s), float(sync_comm_s + async_comm_s),
-                   float(compute_s + sync_comm_s + max(0.0, async_comm_s - compute_s)))
 
 
 @dataclass(frozen=True, eq=False)

@@ -15,6 +15,7 @@ guidance combine ``uncond + scale * (cond - uncond)``.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +32,8 @@ I2V_CONDITION_CHANNELS = 20  # 4 mask channels + 16 image-latent channels (offic
 
 RESOLUTIONS: dict[str, tuple[int, int]] = {"480p": (832, 480), "720p": (1280, 720)}
 """Named video sizes (width, height) of the official Wan 2.1 presets."""
+DEFAULT_TEXT_LEN = 512  # the official T5 context length (wan/configs: text_len)
+_SPEC = re.compile(r"([^@\s]+)@(?:(\d+p)|(\d+)x(\d+))(?:x(\d+))?(-nocfg)?(?:-text(\d+))?")
 
 
 @dataclass(frozen=True)
@@ -47,7 +50,7 @@ class Workload:
     """Video frames, ``4n + 1``."""
     cfg: bool = True
     """Classifier-free guidance: a conditional and an unconditional pass per step."""
-    text_len: int = 512
+    text_len: int = DEFAULT_TEXT_LEN
     """Text tokens fed to the model (at most the model's ``text_len``)."""
 
     def __post_init__(self) -> None:
@@ -98,9 +101,48 @@ class Workload:
 
     @property
     def name(self) -> str:
-        """Short label, e.g. ``wan2.1-t2v-14b@1280x720x81``."""
+        """The workload spec, e.g. ``wan2.1-t2v-14b@1280x720x81``; :meth:`parse` reads it back.
+
+        Non-default guidance and text length are suffixes: ``...x81-nocfg``, ``...x81-text256``.
+        A custom :class:`WanConfig` is named ``custom`` (it has no preset to parse back to).
+        """
         model = self.model if isinstance(self.model, str) else "custom"
-        return f"{model}@{self.width}x{self.height}x{self.frames}"
+        flags = ("" if self.cfg else "-nocfg") + (
+            "" if self.text_len == DEFAULT_TEXT_LEN else f"-text{self.text_len}")
+        return f"{model}@{self.width}x{self.height}x{self.frames}{flags}"
+
+    @classmethod
+    def parse(cls, spec: str) -> Workload:
+        """``Workload.parse("wan2.1-t2v-14b@1280x720x81")``: the one way a workload is written.
+
+        Grammar: ``MODEL@SIZE[xFRAMES][-nocfg][-textN]`` with SIZE ``WIDTHxHEIGHT`` or a named
+        resolution (``480p``, ``720p``); FRAMES defaults to 81, guidance to on, text length
+        to 512. ``Workload.parse(w.name) == w`` for every preset-model workload.
+        """
+        match = _SPEC.fullmatch(str(spec).strip())
+        if not match:
+            raise AoizoraError(
+                f"Workload {spec!r} must be MODEL@WIDTHxHEIGHT[xFRAMES][-nocfg][-textN] (or a "
+                f"named size {list(RESOLUTIONS)} for WIDTHxHEIGHT), e.g. "
+                "'wan2.1-t2v-14b@1280x720x81' or 'wan2.1-t2v-1.3b@480p'."
+            )
+        model, named, width, height, frames, nocfg, text = match.groups()
+        if model == "custom":
+            raise AoizoraError(
+                f"Workload {spec!r}: a custom WanConfig has no name to parse; build it with "
+                "Workload(model=WanConfig(...), height=..., width=...).")
+        if named is not None:
+            if named not in RESOLUTIONS:
+                raise AoizoraError(
+                    f"Workload {spec!r}: unknown resolution {named!r}; named resolutions are "
+                    f"{list(RESOLUTIONS)}, or write WIDTHxHEIGHT (e.g. 1280x720).")
+            width, height = RESOLUTIONS[named]
+        try:
+            return cls(model=model, height=int(height), width=int(width),
+                       frames=int(frames) if frames else 81, cfg=nocfg is None,
+                       text_len=int(text) if text else DEFAULT_TEXT_LEN)
+        except AoizoraError as err:
+            raise AoizoraError(f"Workload {spec!r}: {err}") from None
 
     @property
     def batch(self) -> int:

@@ -18,7 +18,7 @@ from aoizora_lab.models.wan import init_params, param_specs
 def big():
     workload = az.Workload.preset("wan2.1-t2v-14b", "720p")
     topology = az.Topology.from_name("v5e:4x4", deviceless=False)
-    return workload, topology, explain_candidates(workload, topology)
+    return workload, topology, explain_candidates(workload, topology).to_frame()
 
 
 def test_14b_720p_on_16_chips_lists_the_expected_candidates(big):
@@ -36,6 +36,20 @@ def test_14b_720p_on_16_chips_lists_the_expected_candidates(big):
         list(table[table["valid"]]["name"])
 
 
+def test_the_typed_options_agree_with_their_frame(big):
+    workload, topology, table = big
+    space = explain_candidates(workload, topology)
+    assert [o.name for o in space] == list(table["name"])
+    assert [o.valid for o in space] == list(table["valid"])
+    for option in space:
+        if option.candidate is not None:  # the candidate carries the option's degrees
+            assert all(option.candidate.degree(r) == d for r, d in option.degrees)
+            assert option.candidate.fsdp == option.fsdp
+        else:
+            assert any(r.startswith("fsdp needs") for r in option.reasons)
+    assert [c.name for c in space.valid] == [o.name for o in space if o.valid]
+
+
 def test_every_combination_is_considered_once(big):
     table = big[2]
     divisors = [d for d in range(1, 17) if 16 % d == 0]
@@ -48,12 +62,13 @@ def test_every_combination_is_considered_once(big):
 def test_token_divisibility_and_padding():
     workload = az.Workload.preset("wan2.1-t2v-1.3b", "480p")  # 32,760 tokens: not / 16
     topology = az.Topology.from_name("v5e:4x4", deviceless=False)
-    strict = explain_candidates(workload, topology).set_index("name")
+    strict = explain_candidates(workload, topology).to_frame().set_index("name")
     assert not strict.loc["ctx16", "valid"]
     assert "32,760 tokens not divisible by sequence degree 16 (would pad 8)" in \
         strict.loc["ctx16", "reason"]
     assert strict.loc["cfg2-ctx8", "valid"]
-    padded = explain_candidates(workload, topology, allow_padding=True).set_index("name")
+    padded = explain_candidates(workload, topology, allow_padding=True).to_frame()
+    padded = padded.set_index("name")
     assert padded.loc["ctx16", "valid"]
 
 

@@ -83,7 +83,7 @@ def test_symmetric_placements_score_equal_and_are_deduplicated():
     images = [m[base] for m in maps]
     assert np.allclose(scorer.scores(images), scorer.score(base))
     assert len({canonical(i, maps) for i in images}) == 1
-    table = search_placements(program, (2, 8), topology, budget=200)
+    table = search_placements(program, (2, 8), topology, budget=200).to_frame()
     keys = [canonical(p.order, maps) for p in table["placement"]]
     assert len(keys) == len(set(keys))  # one row per symmetry class
     assert table["busiest_link"].str.contains("->").all()
@@ -109,8 +109,9 @@ def test_search_reaches_the_exhaustive_optimum_on_small_slices(shape, mesh):
     scorer = PlacementScorer(program, topology)
     everything = np.array(list(itertools.permutations(range(topology.num_devices))))
     optimum = scorer.scores(everything).min()
-    table = search_placements(program, mesh, topology, budget=2_000)
-    assert table["comm_s"].iloc[0] == pytest.approx(optimum, rel=1e-12)
+    found = search_placements(program, mesh, topology, budget=2_000)
+    assert found[0].comm_s == pytest.approx(optimum, rel=1e-12)
+    assert found[0].comm_s == pytest.approx(scorer.score(np.array(found[0].placement.order)))
 
 
 def test_local_search_is_seeded_and_deterministic():
@@ -118,7 +119,7 @@ def test_local_search_is_seeded_and_deterministic():
     program = _program((4, 4))
     first = search_placements(program, (4, 4), topology, budget=500, seed=3)
     again = search_placements(program, (4, 4), topology, budget=500, seed=3)
-    assert [p.order for p in first["placement"]] == [p.order for p in again["placement"]]
+    assert [s.placement.order for s in first] == [s.placement.order for s in again]
 
 
 def test_placement_value_type():

@@ -2,7 +2,7 @@ import pytest
 
 import aoizora_lab as az
 from aoizora_lab.candidates import enumerate_candidates
-from aoizora_lab.prune import estimate_candidates, prune
+from aoizora_lab.prune import Verdict, estimate_candidates, prune
 
 CASES = [("wan2.1-t2v-14b", "720p", "v5e:4x4"), ("wan2.1-t2v-1.3b", "480p", "v5e:2x4")]
 
@@ -19,12 +19,18 @@ def swept(request):
 
 def test_pruning_keeps_a_minority_and_explains_every_row(swept):
     workload, topology, candidates, estimates = swept
-    table = prune(candidates, workload, topology, estimates=estimates)
-    assert len(table) == len(candidates)
-    assert 3 <= table["keep"].sum() <= max(3, len(candidates) // 4)
-    assert table[table["keep"]]["reason"].str.startswith("kept").all()
-    dropped = table[~table["keep"]]["reason"]
-    assert dropped.str.match(r"cannot fit|cannot win|unlikely to win|over the compile").all()
+    pruning = prune(candidates, workload, topology, estimates=estimates)
+    table = pruning.to_frame()
+    assert len(pruning) == len(table) == len(candidates)
+    assert 3 <= len(pruning.kept) <= max(3, len(candidates) // 4)
+    fitting = [d for d in pruning if d.verdict is not Verdict.OVER_HBM]
+    assert [d.verdict for d in fitting[:3]] == [Verdict.KEPT_BEST] * 3
+    assert Verdict.KEPT_BEST not in {d.verdict for d in fitting[3:]}
+    for decision in pruning:  # the verdict, the keep flag and the reason agree
+        assert decision.verdict.keep == decision.reason.startswith("kept")
+        assert decision.reason.startswith(decision.verdict.value.split(":")[0])
+    assert set(table["verdict"]) <= {v.name.lower() for v in Verdict}
+    assert Verdict.TRACE_FAILED not in {d.verdict for d in pruning}
     best = min(estimates, key=lambda n: estimates[n].estimate_seconds)
     def rounded(v):
         return float(f"{v:.3g}")
@@ -38,12 +44,10 @@ def test_pruning_keeps_a_minority_and_explains_every_row(swept):
 
 
 def test_survivors_are_the_kept_candidates_in_enumeration_order(swept):
-    from aoizora_lab.prune import survivors
-
     workload, topology, candidates, estimates = swept
-    table = prune(candidates, workload, topology, estimates=estimates)
-    kept = survivors(candidates, table)
-    assert {c.name for c in kept} == set(table.loc[table["keep"], "candidate"])
+    pruning = prune(candidates, workload, topology, estimates=estimates)
+    kept = pruning.kept
+    assert {c.name for c in kept} == {d.candidate.name for d in pruning if d.verdict.keep}
     positions = [candidates.index(c) for c in kept]
     assert positions == sorted(positions)
 
@@ -53,18 +57,21 @@ def test_a_candidate_whose_weights_do_not_fit_is_dropped_for_memory():
     topology = az.Topology.from_name("v5e:4x4")
     candidates = [az.candidates.Candidate.from_name(n)
                   for n in ("cfg2-uly8-fsdp", "cfg2-uly4-tp2", "cfg2-ctx8-fsdp", "cfg2-tp8")]
-    table = prune(candidates, workload, topology, keep=1).set_index("candidate")
-    assert not table.loc["cfg2-uly4-tp2", "keep"]
-    assert table.loc["cfg2-uly4-tp2", "reason"].startswith("cannot fit: needs >= 16.")
+    decision = prune(candidates, workload, topology, keep=1).decision("cfg2-uly4-tp2")
+    assert decision.verdict is Verdict.OVER_HBM and not decision.verdict.keep
+    assert decision.reason.startswith("cannot fit: needs >= 16.")
 
 
 def test_a_failed_trace_is_recorded_and_the_rest_go_on(swept):
     workload, topology, candidates, estimates = swept
     broken = dict(estimates)
     broken[candidates[0].name] = "RuntimeError: boom"
-    table = prune(candidates, workload, topology, estimates=broken).set_index("candidate")
-    assert table.loc[candidates[0].name, "reason"] == "trace failed: RuntimeError: boom"
-    assert table["keep"].sum() >= 3
+    pruning = prune(candidates, workload, topology, estimates=broken)
+    decision = pruning.decision(candidates[0].name)
+    assert decision.verdict is Verdict.TRACE_FAILED and decision.estimate is None
+    assert decision.reason == "trace failed: RuntimeError: boom"
+    assert pruning[-1] is decision  # failed traces rank last
+    assert len(pruning.kept) >= 3
 
 
 def test_bad_pruning_options_are_named(swept):
@@ -88,9 +95,11 @@ def test_when_every_trace_fails_the_table_is_whole_and_plan_says_why(monkeypatch
     workload = az.Workload(model=tiny, height=32, width=48, frames=5, text_len=8)
     host = az.Topology.simulated((2, 4), devices=jax.devices()[:8])
     candidates = enumerate_candidates(workload, host)
-    table = prune(candidates, workload, host, ir_cache_dir=False)
+    pruning = prune(candidates, workload, host, ir_cache_dir=False)
+    table = pruning.to_frame()
     assert tuple(table.columns) == PRUNING_COLUMNS and len(table) == len(candidates)
-    assert not table["keep"].any()
+    assert not pruning.kept and not table["keep"].any()
+    assert {d.verdict for d in pruning} == {Verdict.TRACE_FAILED}
     assert (table["reason"] == "trace failed: RuntimeError: boom").all()
     with pytest.raises(az.AoizoraError, match=r"survived pruning: .*trace failed: RuntimeError"):
         plan(workload, host, ir_cache_dir=False)

@@ -39,13 +39,14 @@ import aoizora_lab as az
 from aoizora_lab.candidates import ABBREVIATIONS, Candidate
 from aoizora_lab.cli import main
 from aoizora_lab.compile import STALE_STAGING_S, compile_candidates, read_entry, write_entry
+from aoizora_lab.cost import Predicted
 from aoizora_lab.hardware import GENERATIONS
 from aoizora_lab.ir_estimate import estimate_ir
 from aoizora_lab.models.parallel import ROLES
 from aoizora_lab.models.wan import PRESETS
 from aoizora_lab.notebook import notebook_inputs
 from aoizora_lab.placement import Placement
-from aoizora_lab.realize import Plan, Predicted
+from aoizora_lab.realize import Plan
 from aoizora_lab.reports import ReportSpec, load_matrix, run_reports, write_index
 from aoizora_lab.topology import is_offered_shape
 
@@ -449,7 +450,7 @@ def test_unreadable_or_odd_matrices_are_clear(tmp_path):
 
 
 def test_cli_bad_plan_arguments_exit_2_with_one_line(capsys, tmp_path):
-    base = ["plan", "--model", "wan2.1-t2v-1.3b", "--size", "832x480", "--topology", "v5e:2x4"]
+    case = "wan2.1-t2v-1.3b@832x480x81/v5e:2x4"
 
     def one_line(argv, *fragments):
         assert main(argv) == 2
@@ -460,37 +461,35 @@ def test_cli_bad_plan_arguments_exit_2_with_one_line(capsys, tmp_path):
         for fragment in fragments:
             assert fragment in err, (fragment, err)
 
-    one_line([*base[:-1], "v9:2x2"], "'v9:2x2'", GENERATION_LIST)
-    one_line([*base[:-1], "v5e:3x3"], "'3x3'", "1x1, 2x2")
-    one_line([*base[:4], "100x100", *base[5:]], "100x100", "multiples of 16")
-    one_line([*base[:4], "832-480", *base[5:]], "'832-480'", "WIDTHxHEIGHT")
-    one_line([*base[:4], "832x480x3", *base[5:]], "'832x480x3'", "WIDTHxHEIGHT")
-    one_line([*base[:2], "wan3", *base[3:]], "'wan3'", "presets are")
-    one_line([*base, "--frames", "80"], "frames=80", "4n + 1")
-    one_line([*base, "--frames", "0"], "frames=0", "positive integer")
+    one_line(["plan", "wan2.1-t2v-1.3b@832x480x81/v9:2x2"], "'v9:2x2'", GENERATION_LIST)
+    one_line(["plan", "wan2.1-t2v-1.3b@832x480x81/v5e:3x3"], "'3x3'", "1x1, 2x2")
+    one_line(["plan", "wan2.1-t2v-1.3b@100x100/v5e:2x4"], "100x100", "multiples of 16")
+    one_line(["plan", "wan2.1-t2v-1.3b@832-480/v5e:2x4"], "'wan2.1-t2v-1.3b@832-480'",
+             "WIDTHxHEIGHT")
+    one_line(["plan", "wan2.1-t2v-1.3b@832x480x3x3/v5e:2x4"], "832x480x3x3", "WIDTHxHEIGHT")
+    one_line(["plan", "wan2.1-t2v-1.3b@832x480"], "WORKLOAD/SLICE")
+    one_line(["plan", "wan3@832x480/v5e:2x4"], "'wan3'", "presets are")
+    one_line(["plan", "wan2.1-t2v-1.3b@832x480x80/v5e:2x4"], "frames=80", "4n + 1")
     # Refused before any candidate is traced or compiled:
-    one_line([*base, "--layers", "0"], "num_layers=0", "between 1 and the model's 30")
-    one_line([*base, "--layers", "31"], "num_layers=31", "between 1 and the model's 30")
-    one_line([*base, "--budget", "-1"], "budget=-1", ">= 0")
-    one_line([*base, "--json", str(tmp_path / "no" / "plan.json")], "does not exist")
+    one_line(["plan", case, "--layers", "0"], "num_layers=0", "between 1 and the model's 30")
+    one_line(["plan", case, "--layers", "31"], "num_layers=31", "between 1 and the model's 30")
+    one_line(["plan", case, "--budget", "-1"], "budget=-1", ">= 0")
+    one_line(["plan", case, "--json", str(tmp_path / "no" / "plan.json")], "does not exist")
     # argparse's own refusals: usage plus one error line, status 2, no traceback.
     with pytest.raises(SystemExit) as exit_:
-        main([*base, "--frames", "eighty"])
+        main(["plan", case, "--layers", "two"])
     assert exit_.value.code == 2
     err = capsys.readouterr().err
     assert "Traceback" not in err and err.strip().splitlines()[-1].startswith(
-        "aoizora-lab plan: error: argument --frames: invalid int value: 'eighty'")
+        "aoizora-lab plan: error: argument --layers: invalid int value: 'two'")
 
 
-@pytest.mark.parametrize(("flag", "value", "fragments"), [
-    ("--topology", "v9:2x2", ["'v9:2x2'", GENERATION_LIST]),
-    ("--size", "100x100", ["100x100", "multiples of 16"]),
+@pytest.mark.parametrize(("case", "fragments"), [
+    ("wan2.1-t2v-1.3b@832x480x81/v9:2x2", ["'v9:2x2'", GENERATION_LIST]),
+    ("wan2.1-t2v-1.3b@100x100x81/v5e:2x4", ["100x100", "multiples of 16"]),
 ])
-def test_cli_console_script_bad_arguments_exit_2_without_traceback(flag, value, fragments):
-    argv = {"--model": "wan2.1-t2v-1.3b", "--size": "832x480", "--topology": "v5e:2x4",
-            flag: value}
-    done = subprocess.run([sys.executable, "-m", "aoizora_lab.cli", "plan",
-                           *[x for item in argv.items() for x in item]],
+def test_cli_console_script_bad_arguments_exit_2_without_traceback(case, fragments):
+    done = subprocess.run([sys.executable, "-m", "aoizora_lab.cli", "plan", case],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2
     lines = [line for line in done.stderr.splitlines() if line.startswith("aoizora-lab")]
@@ -586,7 +585,7 @@ PLAN_SCRIPT = textwrap.dedent("""
     out.write_text(json.dumps({
         "candidate": best.candidate.name, "order": list(best.placement.order),
         "description": best.placement.description, "total_s": best.predicted.total_s,
-        "ranking": result.placements[["candidate", "total_s"]].values.tolist(),
+        "ranking": [[r.candidate.name, r.predicted.total_s] for r in result.ranking],
         "compiles": compiles}))
 """)
 

@@ -34,7 +34,6 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from aoizora_lab.cost import Predicted
 from aoizora_lab.errors import AoizoraError
 from aoizora_lab.measure.clock import Timing, check_counts, live_devices, timed
 from aoizora_lab.models.wan import init_params, load_official_weights
@@ -259,12 +258,9 @@ def plans_to_compare(result: PlanResult, *, top: int = 3,
     built or did not compile are skipped. With ``topology`` (the live slice, when the plan
     was made deviceless) every plan is :func:`retarget`-ed onto it.
     """
-    from aoizora_lab.candidates import Candidate, default_attention
-
     check_counts(top=top)
     best = result.best
     workload, planned = best.workload, best.topology
-    attention = default_attention(planned)
     entries: list[tuple[list[str], Plan]] = []
 
     def add(label: str, plan: Plan) -> None:
@@ -275,16 +271,11 @@ def plans_to_compare(result: PlanResult, *, top: int = 3,
                 return
         entries.append(([label], plan))
 
-    for rank, (_, row) in enumerate(result.placements.head(top).iterrows(), start=1):
-        candidate = Candidate.from_name(row["candidate"], attention=attention)
-        add(f"rank {rank}", Plan(workload, planned, candidate, row["placement"],
-                                 _predicted(row), result.programs.get(candidate.name)))
+    for rank, entry in enumerate(result.ranking[:top], start=1):
+        add(f"rank {rank}", Plan(workload, planned, entry.candidate, entry.placement,
+                                 entry.predicted, result.programs.get(entry.candidate.name)))
     add("aoizora-lab", best)
     for name, baseline in result.baseline_plans.items():
         add(name, baseline)
     return {f"{' = '.join(labels)}: {plan.candidate.name} | {plan.placement.description}":
             plan if topology is None else retarget(plan, topology) for labels, plan in entries}
-
-
-def _predicted(row: Mapping[str, Any]) -> Predicted:
-    return Predicted(float(row["compute_s"]), float(row["comm_s"]), float(row["total_s"]))
