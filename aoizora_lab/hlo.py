@@ -37,7 +37,6 @@ import numpy as np
 from aoizora_lab.comm_model import Collective
 from aoizora_lab.errors import AoizoraError
 from aoizora_lab.flops import ATTENTION_KERNEL, attention_flops
-from aoizora_lab.hardware import ChipSpec
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -92,12 +91,6 @@ class CommProgram:
         """FLOPs per device per step: dots and convolutions from shapes, attention kernels
         (splash) from their operand shapes."""
         return sum(f * runs for f, _, runs, _ in self.ops)
-
-    def compute_seconds(self, chip: ChipSpec) -> float:
-        """Per-device compute time: each op at its roofline ``max(FLOPs / peak, bytes / HBM
-        bandwidth)``, one after the other."""
-        return sum(runs * max(f / chip.peak_bf16_flops, b / chip.hbm_bandwidth)
-                   for f, b, runs, _ in self.ops)
 
     def to_frame(self) -> pd.DataFrame:
         """One row per HLO collective: kind, bytes, count, group_size, num_groups, name,
