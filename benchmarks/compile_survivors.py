@@ -1,67 +1,83 @@
 """Compile the candidates that survive IR pruning; print compile time, memory and traffic.
 
-    python benchmarks/compile_survivors.py --model wan2.1-t2v-14b --resolution 720p \
-        --slice v5e:4x4 [--layers 2]
+    python benchmarks/compile_survivors.py [--cases wan2.1-t2v-14b@1280x720x81/v5e:4x4 ...] \
+        [--layers 2] [--workers 2] [--cache-dir DIR]
 
 Deviceless TPU compiles in child processes through the compile cache (a second run is warm).
+Per survivor: status, compile seconds, peak memory, communication bytes and FLOPs per device,
+the predicted compute time, and the communication and step time in the compact device order
+(logical neighbours on physical neighbours; ``aoizora_lab.cost.predict``).
 """
 
 from __future__ import annotations
 
 import argparse
+import concurrent.futures as cf
+import math
 import time
+from pathlib import Path
 
 import pandas as pd
+
+from aoizora_lab.bench.report import case_argument
+from aoizora_lab.cases import Case, parse_case
+
+
+def survivors(case: Case | str, *, layers: int | None = None, workers: int = 2,
+              cache_dir: str | Path | None = None) -> pd.DataFrame:
+    """Prune ``case``'s valid candidates and compile the kept ones; one row per survivor.
+
+    ``cache_dir``: the compile cache, with the IR cache in its ``ir`` folder (default: the
+    repository's caches).
+    """
+    from aoizora_lab.candidates import enumerate_candidates
+    from aoizora_lab.compile import compile_candidates
+    from aoizora_lab.cost import predict
+    from aoizora_lab.prune import prune
+
+    case = parse_case(case)
+    workload, topology = case.workload, case.topology()
+    start = time.perf_counter()
+    candidates = enumerate_candidates(workload, topology)
+    kept = prune(candidates, workload, topology,
+                 ir_cache_dir=Path(cache_dir) / "ir" if cache_dir else None).kept
+    prune_s = time.perf_counter() - start
+    start = time.perf_counter()
+    with cf.ThreadPoolExecutor(workers) as pool:
+        compiles = compile_candidates(kept, workload, topology, executor=pool,
+                                      cache_dir=cache_dir, num_layers=layers)
+    sweep_s = time.perf_counter() - start
+    print(f"{workload.name} on {topology.name}: {len(candidates)} valid candidates, pruned to "
+          f"{len(kept)} in {prune_s:.1f} s; compiled in {sweep_s:.0f} s wall "
+          f"({workers} at a time, layers={layers or 'full'})")
+    compact = topology.device_grid().ravel()
+    predicted = [predict(r.program, topology, compact) if r.program else None
+                 for r in compiles]
+    table = compiles.to_frame()
+    table["tflops"] = [r.program.flops / 1e12 if r.program else math.nan for r in compiles]
+    table["compute_s"] = [p.compute_s if p else math.nan for p in predicted]
+    table["comm_s_compact"] = [p.comm_s if p else math.nan for p in predicted]
+    table["step_s_compact"] = [p.total_s if p else math.nan for p in predicted]
+    return table
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="wan2.1-t2v-14b")
-    parser.add_argument("--resolution", default="720p")
-    parser.add_argument("--slice", default="v5e:4x4")
+    parser.add_argument("--cases", nargs="+", metavar="CASE", type=case_argument,
+                        default=["wan2.1-t2v-14b@1280x720x81/v5e:4x4"],
+                        help="case specs MODEL@WIDTHxHEIGHT[xFRAMES][-nocfg]/SLICE (default: "
+                             "wan2.1-t2v-14b@1280x720x81/v5e:4x4)")
     parser.add_argument("--layers", type=int, default=None,
                         help="fold: compile this many layers and scale the layer loop")
-    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--workers", type=int, default=2, help="compiles at a time")
+    parser.add_argument("--cache-dir", default=None,
+                        help="compile cache, IR cache in its ir/ folder (default: the repo's)")
     args = parser.parse_args()
-
-    import concurrent.futures as cf
-
-    import aoizora_lab as az
-    from aoizora_lab.candidates import Candidate, enumerate_candidates
-    from aoizora_lab.compile import compile_candidates
-    from aoizora_lab.prune import prune
-
-    workload = az.Workload.preset(args.model, args.resolution)
-    topology = az.Topology.from_name(args.slice)
-    start = time.perf_counter()
-    table = prune(enumerate_candidates(workload, topology), workload, topology)
-    survivors = [Candidate.from_name(n) for n in table[table["keep"]]["candidate"]]
-    prune_s = time.perf_counter() - start
-    start = time.perf_counter()
-    with cf.ThreadPoolExecutor(args.workers) as pool:
-        results = compile_candidates(survivors, workload, topology, executor=pool,
-                                     num_layers=args.layers)
-    sweep_s = time.perf_counter() - start
-    chip = az.chip_spec(topology.generation)
-    rows = []
-    for r in results:
-        row = {"candidate": r.candidate.name, "status": r.status, "cached": r.cached,
-               "compile_s": r.compile_seconds}
-        if r.status == "ok":
-            row |= {"peak_gib": r.memory["peak"] / 2**30,
-                    "comm_gb": r.program.total_bytes / 1e9,
-                    "tflops": r.program.flops / 1e12,
-                    "compute_s": r.program.compute_seconds(chip),
-                    "comm_s_compact": az.estimate(r.program, topology,
-                                                  topology.device_grid().ravel()).seconds}
-        else:
-            row["message"] = r.message[:80]
-        rows.append(row)
-    print(f"{workload.name} on {topology.name}: {len(table)} valid candidates, pruned to "
-          f"{len(survivors)} in {prune_s:.1f} s; compiled in {sweep_s:.0f} s wall "
-          f"({args.workers} at a time, layers={args.layers or 'full'})")
-    with pd.option_context("display.width", 200):
-        print(pd.DataFrame(rows).to_string(index=False, float_format=lambda v: f"{v:.3g}"))
+    for case in args.cases:
+        table = survivors(case, layers=args.layers, workers=args.workers,
+                          cache_dir=args.cache_dir)
+        with pd.option_context("display.width", 200, "display.max_colwidth", 80):
+            print(table.to_string(index=False, float_format=lambda v: f"{v:.3g}"))
 
 
 if __name__ == "__main__":

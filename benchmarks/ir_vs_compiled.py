@@ -1,88 +1,91 @@
 """How well the IR estimate orders candidates: IR vs compiled communication bytes.
 
-For every valid candidate of a workload on a slice, trace the step (IR) and compile it for the
-TPU without a TPU (deviceless libtpu), both at the same reduced depth, then compare the
-communication bytes per device that each predicts: Spearman and Kendall rank correlations.
-Compiles run in child processes (some TPU compiles abort their process).
+For every valid candidate of a case, trace the step (IR) and compile it for the TPU without a
+TPU (deviceless libtpu, in child processes through the compile cache), both at the same
+reduced depth, then compare the communication bytes per device that each predicts: Spearman
+and Kendall rank correlations.
 
-    python benchmarks/ir_vs_compiled.py --model wan2.1-t2v-1.3b --resolution 480p \
-        --slice v5e:2x4 --layers 2
+    python benchmarks/ir_vs_compiled.py [--cases wan2.1-t2v-1.3b@832x480x81/v5e:2x4 ...] \
+        [--layers 2] [--workers 2] [--cache-dir DIR]
 """
 
 from __future__ import annotations
 
 import argparse
 import concurrent.futures as cf
-import multiprocessing
+import dataclasses
+import math
 import time
+from pathlib import Path
 
 import pandas as pd
 from scipy import stats
 
+from aoizora_lab.bench.report import case_argument
+from aoizora_lab.cases import Case, parse_case
 
-def _compile(slice_name: str, model: str, resolution: str, name: str, layers: int) -> dict:
-    import numpy as np
 
-    import aoizora_lab as az
-    from aoizora_lab.candidates import Candidate
-    from aoizora_lab.hlo import parse_hlo
+def compare(case: Case | str, *, layers: int = 2, workers: int = 2,
+            cache_dir: str | Path | None = None) -> pd.DataFrame:
+    """One row per valid candidate of ``case``: IR estimate and compiled program, both of the
+    model cut to ``layers`` layers; prints the rank correlations of their comm bytes.
 
-    topology = az.Topology.from_name(slice_name, deviceless=True)
-    plan = Candidate.from_name(name).plan(np.array(topology.devices)[
-        topology.device_grid().ravel()])
+    ``cache_dir``: the compile cache, with the IR cache in its ``ir`` folder (default: the
+    repository's caches).
+    """
+    from aoizora_lab.candidates import enumerate_candidates
+    from aoizora_lab.compile import compile_candidates
+    from aoizora_lab.prune import estimate_candidates
+
+    case = parse_case(case)
+    topology = case.topology()
+    # The same shallow model for both: no folding on either side, so only the IR reading
+    # and the compiler differ.
+    workload = dataclasses.replace(case.workload,
+                                   model=case.workload.config().with_layers(layers))
+    candidates = enumerate_candidates(workload, topology)
     start = time.perf_counter()
-    compiled = az.lower_step(az.Workload.preset(model, resolution), plan,
-                             num_layers=layers).compile()
-    program = parse_hlo(compiled.as_text())
-    return {"candidate": name, "compile_s": time.perf_counter() - start,
-            "compiled_comm_gb": program.total_bytes / 1e9,
-            "peak_gib": compiled.memory_analysis().peak_memory_in_bytes / 2**30}
+    estimates = estimate_candidates(candidates, workload, topology,
+                                    ir_cache_dir=Path(cache_dir) / "ir" if cache_dir else None)
+    ir_seconds = time.perf_counter() - start
+    with cf.ThreadPoolExecutor(workers) as pool:
+        compiles = compile_candidates(candidates, workload, topology, executor=pool,
+                                      cache_dir=cache_dir)
+    table = compiles.to_frame().rename(columns={"comm_gb": "compiled_comm_gb"})
+    traced = [estimates[c.name] for c in candidates]
+    table["ir_comm_gb"] = [math.nan if isinstance(e, str) else e.comm_bytes / 1e9
+                           for e in traced]
+    table["ir_estimate_s"] = [math.nan if isinstance(e, str) else e.estimate_seconds
+                              for e in traced]
+    table = table.sort_values("ir_estimate_s", na_position="last", kind="stable")
+    done = table.dropna(subset=["compiled_comm_gb", "ir_comm_gb"])
+    print(f"{case.name}, {layers} layers: {len(candidates)} candidates traced in "
+          f"{ir_seconds:.1f} s; {len(done)} traced and compiled "
+          f"({table['compile_s'].sum():.0f} s of compile time)")
+    if len(done) >= 2:
+        spearman = stats.spearmanr(done["ir_comm_gb"], done["compiled_comm_gb"]).statistic
+        kendall = stats.kendalltau(done["ir_comm_gb"], done["compiled_comm_gb"]).statistic
+        print(f"rank correlation IR vs compiled comm bytes: Spearman {spearman:.3f}, "
+              f"Kendall {kendall:.3f}")
+    return table
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="wan2.1-t2v-1.3b")
-    parser.add_argument("--resolution", default="480p")
-    parser.add_argument("--slice", default="v5e:2x4")
-    parser.add_argument("--layers", type=int, default=2)
-    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--cases", nargs="+", metavar="CASE", type=case_argument,
+                        default=["wan2.1-t2v-1.3b@832x480x81/v5e:2x4"],
+                        help="case specs MODEL@WIDTHxHEIGHT[xFRAMES][-nocfg]/SLICE (default: "
+                             "wan2.1-t2v-1.3b@832x480x81/v5e:2x4)")
+    parser.add_argument("--layers", type=int, default=2, help="depth of both sides")
+    parser.add_argument("--workers", type=int, default=2, help="compiles at a time")
+    parser.add_argument("--cache-dir", default=None,
+                        help="compile cache, IR cache in its ir/ folder (default: the repo's)")
     args = parser.parse_args()
-
-    import aoizora_lab as az
-    from aoizora_lab.candidates import enumerate_candidates
-    from aoizora_lab.ir_estimate import estimate_ir
-
-    workload = az.Workload.preset(args.model, args.resolution)
-    topology = az.Topology.from_name(args.slice)
-    candidates = enumerate_candidates(workload, topology)
-    start = time.perf_counter()
-    estimates = {c.name: estimate_ir(c, workload, topology, num_layers=args.layers)
-                 for c in candidates}
-    ir_seconds = time.perf_counter() - start
-    rows = []
-    context = multiprocessing.get_context("spawn")
-    with cf.ProcessPoolExecutor(args.workers, mp_context=context) as pool:
-        futures = {pool.submit(_compile, args.slice, args.model, args.resolution, c.name,
-                               args.layers): c.name for c in candidates}
-        for future in cf.as_completed(futures):
-            name = futures[future]
-            try:
-                row = future.result()
-            except Exception as err:  # a crashed compile is a row, not the end of the run
-                row = {"candidate": name, "error": f"{type(err).__name__}: {err}"}
-            row["ir_comm_gb"] = estimates[name].comm_bytes / 1e9
-            row["ir_estimate_s"] = estimates[name].estimate_seconds
-            rows.append(row)
-    table = pd.DataFrame(rows).sort_values("ir_estimate_s")
-    done = table.dropna(subset=["compiled_comm_gb"])
-    spearman = stats.spearmanr(done["ir_comm_gb"], done["compiled_comm_gb"]).statistic
-    kendall = stats.kendalltau(done["ir_comm_gb"], done["compiled_comm_gb"]).statistic
-    print(f"{workload.name} on {args.slice}, {args.layers} layers: {len(candidates)} "
-          f"candidates traced in {ir_seconds:.1f} s; {len(done)} compiled "
-          f"({table['compile_s'].sum():.0f} s of compile time)")
-    print(table.to_string(index=False, float_format=lambda v: f"{v:.3g}"))
-    print(f"rank correlation IR vs compiled comm bytes: Spearman {spearman:.3f}, "
-          f"Kendall {kendall:.3f}")
+    for case in args.cases:
+        table = compare(case, layers=args.layers, workers=args.workers,
+                        cache_dir=args.cache_dir)
+        with pd.option_context("display.width", 200, "display.max_colwidth", 80):
+            print(table.to_string(index=False, float_format=lambda v: f"{v:.3g}"))
 
 
 if __name__ == "__main__":

@@ -1,12 +1,13 @@
 """Plan quality: the AoiZora Lab plan against every baseline, placement alone, the roofline.
 
-    python benchmarks/plan_quality.py [--cases wan2.1-t2v-14b@720p/v5e:4x4 ...] \
+    python benchmarks/plan_quality.py [--cases wan2.1-t2v-14b@1280x720x81/v5e:4x4 ...] \
         [--num-layers 2] [--budget 20000] [--cache-dir DIR]
 
-For each workload x slice (default: ``aoizora_lab.bench.DEFAULT_MATRIX``) runs the planner
-(deviceless TPU compiles through the compile cache: the first run takes tens of minutes on
-2 cores, a second is warm) and prints the predicted one-step latency of the plan and of each
-baseline, the speedups, the placement-only gain and the compute roofline, then the targets.
+For each case (default: ``aoizora_lab.bench.DEFAULT_MATRIX``) runs the planner (deviceless TPU
+compiles through the compile cache: the first run takes tens of minutes on 2 cores, a second
+is warm) and prints the predicted one-step latency of the plan and of each baseline, the
+speedups, the placement-only gain and the compute roofline, then the targets. The measurement
+lives in :mod:`aoizora_lab.bench.quality`.
 """
 
 from __future__ import annotations
@@ -15,22 +16,25 @@ import argparse
 from collections.abc import Iterable
 from pathlib import Path
 
-from aoizora_lab import bench
-from aoizora_lab.bench import DEFAULT_MATRIX, Case, PlanQuality
+from aoizora_lab.bench import DEFAULT_MATRIX, PlanQuality, plan_quality
+from aoizora_lab.bench.report import case_argument
+from aoizora_lab.cases import Case
 
 
-def run(cases: Iterable[Case] = DEFAULT_MATRIX, *, num_layers: int | None = None,
+def run(cases: Iterable[Case | str] = DEFAULT_MATRIX, *, num_layers: int | None = None,
         budget: int = 20_000, cache_dir: str | Path | None = None) -> PlanQuality:
     """:func:`aoizora_lab.bench.plan_quality` (tables: ``summary``, ``baselines``, ``targets``)."""
-    return bench.plan_quality(cases, num_layers=num_layers, budget=budget, cache_dir=cache_dir,
-                              progress=print)
+    return plan_quality(cases, num_layers=num_layers, budget=budget, cache_dir=cache_dir,
+                        progress=print)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--cases", nargs="+", metavar="MODEL@RES/SLICE", type=bench.parse_case,
+    parser.add_argument("--cases", nargs="+", metavar="CASE", type=case_argument,
                         default=list(DEFAULT_MATRIX),
-                        help="cases, e.g. wan2.1-t2v-14b@720p/v5e:4x4 (default: issue 8's)")
+                        help="case specs MODEL@WIDTHxHEIGHT[xFRAMES][-nocfg]/SLICE, e.g. "
+                             "wan2.1-t2v-14b@1280x720x81/v5e:4x4 (default: the 8 cases of "
+                             "aoizora_lab.bench.DEFAULT_MATRIX, on v5e, v6e and v5p)")
     parser.add_argument("--num-layers", type=int, default=None,
                         help="compile this many layers and fold the layer loop (default: full)")
     parser.add_argument("--budget", type=int, default=20_000,

@@ -1,6 +1,6 @@
 """Search cost: planner wall time cold and warm, what it compiles, against exhaustive search.
 
-    python benchmarks/search_cost.py [--cases wan2.1-t2v-14b@720p/v5e:4x4 ...] \
+    python benchmarks/search_cost.py [--cases wan2.1-t2v-14b@1280x720x81/v5e:4x4 ...] \
         [--num-layers 2] [--budget 20000] [--skip-exhaustive]
 
 Cold = an empty compile cache (a fresh temporary folder); warm = the same cache again. The
@@ -8,6 +8,7 @@ exhaustive search compiles every valid candidate and places each exactly as the 
 its survivors; it reports whether the top plan is the same, the regret of pruning and the
 Kendall tau of the IR estimate against the compiled prediction. Full size (14B@720p on
 v5e:4x4, full depth) takes tens of minutes on 2 cores; ``--num-layers 2`` folds the compiles.
+The measurement lives in :mod:`aoizora_lab.bench.search`.
 """
 
 from __future__ import annotations
@@ -15,23 +16,26 @@ from __future__ import annotations
 import argparse
 from collections.abc import Iterable
 
-from aoizora_lab import bench
-from aoizora_lab.bench import SEARCH_COST_MATRIX, Case, SearchCost
+from aoizora_lab.bench import SEARCH_COST_MATRIX, SearchCost, search_cost
+from aoizora_lab.bench.report import case_argument
+from aoizora_lab.cases import Case
 
 
-def run(cases: Iterable[Case] = SEARCH_COST_MATRIX, *, num_layers: int | None = None,
+def run(cases: Iterable[Case | str] = SEARCH_COST_MATRIX, *, num_layers: int | None = None,
         budget: int = 20_000, exhaustive: bool = True) -> SearchCost:
     """:func:`aoizora_lab.bench.search_cost` (tables: ``summary``, ``candidates``,
     ``targets``)."""
-    return bench.search_cost(cases, num_layers=num_layers, budget=budget,
-                             exhaustive=exhaustive, progress=print)
+    return search_cost(cases, num_layers=num_layers, budget=budget, exhaustive=exhaustive,
+                       progress=print)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--cases", nargs="+", metavar="MODEL@RES/SLICE",
-                        type=bench.parse_case, default=list(SEARCH_COST_MATRIX),
-                        help="cases, e.g. wan2.1-t2v-14b@720p/v5e:4x4 (the default)")
+    parser.add_argument("--cases", nargs="+", metavar="CASE", type=case_argument,
+                        default=list(SEARCH_COST_MATRIX),
+                        help="case specs MODEL@WIDTHxHEIGHT[xFRAMES][-nocfg]/SLICE (default: "
+                             "wan2.1-t2v-14b@1280x720x81/v5e:4x4, the case the targets are "
+                             "stated for)")
     parser.add_argument("--num-layers", type=int, default=None,
                         help="compile depth (default: the planner's, the full model)")
     parser.add_argument("--budget", type=int, default=20_000,

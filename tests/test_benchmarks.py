@@ -2,6 +2,7 @@
 
 import importlib.util
 import math
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -10,6 +11,8 @@ import pytest
 import aoizora_lab as az
 from aoizora_lab import bench
 from aoizora_lab.baselines import BASELINES
+from aoizora_lab.candidates import enumerate_candidates
+from aoizora_lab.cases import Case, parse_case
 from aoizora_lab.cli import build_parser, main
 
 TINY = az.WanConfig(dim=64, ffn_dim=128, num_heads=8, num_layers=2, text_dim=32, text_len=8,
@@ -41,18 +44,19 @@ def cache(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def quality(slice_2x2, cache):
-    return script("plan_quality").run([(WORKLOAD, slice_2x2)], budget=300, cache_dir=cache)
+    return script("plan_quality").run([Case(WORKLOAD, slice_2x2.name)], budget=300,
+                                      cache_dir=cache)
 
 
 @pytest.fixture(scope="module")
 def cost(slice_2x2):
-    return script("search_cost").run([(SMALL, slice_2x2)], budget=300)
+    return script("search_cost").run([Case(SMALL, slice_2x2.name)], budget=300)
 
 
 @pytest.fixture(scope="module")
 def throughput(slice_2x2, cache):
     return script("placement_throughput").run(
-        500, cases=[(slice_2x2, WORKLOAD, "cfg2-uly2")], cache_dir=cache)
+        500, cases=[(Case(WORKLOAD, slice_2x2.name), "cfg2-uly2")], cache_dir=cache)
 
 
 @pytest.mark.slow
@@ -76,7 +80,7 @@ def test_plan_quality_compares_the_plan_with_every_baseline(quality):
     assert row["bound"] in ("compute", "communication")
     assert set(quality.targets["met"]) <= {"met", "missed", "n/a"}
     assert len(quality.targets) == 2
-    assert set(quality.baselines["baseline"]) == {"aoizora-lab", *BASELINES}
+    assert list(quality.baselines["baseline"]) == list(BASELINES)
 
 
 @pytest.mark.slow
@@ -109,12 +113,40 @@ def test_placement_throughput_scores_placements(throughput):
 
 
 @pytest.mark.slow
+def test_compile_survivors_prices_every_survivor(quality, slice_2x2, cache):
+    # After the plan-quality fixture, whose planner pruned and compiled the same survivors.
+    table = script("compile_survivors").survivors(Case(WORKLOAD, slice_2x2.name),
+                                                  cache_dir=cache)
+    assert len(table) >= 1 and (table["status"] == "ok").all(), table["message"].tolist()
+    assert table["cached"].all()
+    assert (table["tflops"] > 0).all() and (table["compute_s"] > 0).all()
+    # The overlap rule: the step is at least its compute, at most compute + communication.
+    assert (table["step_s_compact"] >= table["compute_s"] * (1 - EPS)).all()
+    assert (table["step_s_compact"]
+            <= (table["compute_s"] + table["comm_s_compact"]) * (1 + EPS)).all()
+
+
+@pytest.mark.slow
+def test_ir_vs_compiled_pairs_every_candidate(slice_2x2, cache, capsys):
+    table = script("ir_vs_compiled").compare(Case(SMALL, slice_2x2.name), layers=1,
+                                             cache_dir=cache)
+    names = {c.name for c in enumerate_candidates(SMALL, slice_2x2)}
+    assert set(table["candidate"]) == names and len(table) == len(names)
+    assert (table["status"] == "ok").sum() >= 2
+    assert table["ir_estimate_s"].is_monotonic_increasing
+    assert (table[["ir_comm_gb", "compiled_comm_gb"]].dropna() >= 0).all().all()
+    out = capsys.readouterr().out
+    assert "1 layers" in out and "rank correlation IR vs compiled comm bytes" in out
+
+
+@pytest.mark.slow
 def test_bench_command_writes_the_report(quality, cost, throughput, slice_2x2, cache,
                                          tmp_path, monkeypatch, capsys):
     # The tiny case instead of the real matrix; the cache the fixtures filled keeps it short
     # (search cost always starts cold, so its section is checked from the fixture's tables).
-    monkeypatch.setattr(bench, "QUICK_MATRIX", ((WORKLOAD, slice_2x2),))
-    monkeypatch.setattr(bench, "THROUGHPUT_CASES", ((slice_2x2, WORKLOAD, "cfg2-uly2"),))
+    monkeypatch.setattr(bench, "QUICK_MATRIX", (Case(WORKLOAD, slice_2x2.name),))
+    monkeypatch.setattr(bench, "THROUGHPUT_CASES",
+                        ((Case(WORKLOAD, slice_2x2.name), "cfg2-uly2"),))
     out = tmp_path / "reports" / "benchmarks.md"
     assert main(["bench", "--quick", "--out", str(out), "--cache-dir", str(cache), "--quiet",
                  "--only", "plan-quality", "placement-throughput"]) == 0
@@ -134,12 +166,12 @@ def test_bench_command_writes_the_report(quality, cost, throughput, slice_2x2, c
 
 
 def test_failed_cases_are_rows_not_crashes():
-    quality = bench.plan_quality([("wan2.1-t2v-14b@1080p", "v5e:2x2")])
+    quality = bench.plan_quality(["wan2.1-t2v-14b@1080p/v5e:2x2"])
     assert quality.summary.iloc[0]["status"].startswith("error: AoizoraError")
     assert quality.targets.iloc[0]["met"] == "missed"
     assert "## Plan quality" in quality.markdown()
-    cost = bench.search_cost([("wan2.1-t2v-14b", "v5e:2x2")])
-    assert "MODEL@RESOLUTION" in cost.summary.iloc[0]["status"]
+    cost = bench.search_cost(["wan2.1-t2v-14b/v5e:2x2"])
+    assert "MODEL@WIDTHxHEIGHT" in cost.summary.iloc[0]["status"]
     assert cost.targets.iloc[0]["met"] == "missed"
     assert "did not run (no planner run)" in cost.markdown()
 
@@ -156,19 +188,19 @@ def test_markdown_table_formats_numbers_and_escapes_cells():
 
 
 def test_cases_and_the_bench_command_line():
-    assert bench.parse_case("wan2.1-t2v-14b@720p/v5e:4x4") == ("wan2.1-t2v-14b@720p", "v5e:4x4")
-    with pytest.raises(az.AoizoraError, match="MODEL@RESOLUTION/SLICE"):
-        bench.parse_case("wan2.1-t2v-14b@720p")
+    case = parse_case("wan2.1-t2v-14b@720p/v5e:4x4")
+    assert case.name == "wan2.1-t2v-14b@1280x720x81/v5e:4x4" and case.name in bench.DEFAULT_MATRIX
+    with pytest.raises(az.AoizoraError, match="WORKLOAD/SLICE"):
+        parse_case("wan2.1-t2v-14b@720p")
     args = build_parser().parse_args(["bench", "--quick", "--out", "x.md"])
     assert args.quick and args.out == "x.md" and not args.skip_exhaustive
     with pytest.raises(az.AoizoraError, match="Unknown benchmarks"):
         bench.run_all(only=["speed"])
-    assert ("wan2.1-t2v-14b@720p", "v5e:4x4") in bench.DEFAULT_MATRIX
     args = build_parser().parse_args(["bench", "--cases", "wan2.1-t2v-1.3b@480p/v5e:2x4",
                                       "--search-cases", "wan2.1-t2v-1.3b@480p/v5e:2x2"])
     assert args.cases == ["wan2.1-t2v-1.3b@480p/v5e:2x4"]
     assert args.search_cases == ["wan2.1-t2v-1.3b@480p/v5e:2x2"]
-    with pytest.raises(az.AoizoraError, match="MODEL@RESOLUTION/SLICE"):
+    with pytest.raises(az.AoizoraError, match="WORKLOAD/SLICE"):
         bench.run_all(only=["plan-quality"], cases=["v5e:2x4"])  # refused before any work
 
 
@@ -187,3 +219,29 @@ def test_an_interrupted_bench_keeps_the_benchmarks_that_finished(tmp_path, monke
         bench.run_all(quick=True, out=out, only=["plan-quality", "search-cost"])
     text = out.read_text()
     assert "## Plan quality\n\nfinished table" in text and "## Search cost" not in text
+
+
+def test_bench_refuses_a_bad_case_before_any_benchmark_runs(tmp_path, monkeypatch):
+    def must_not_run(*_, **__):
+        raise AssertionError("a benchmark ran before every case spec was checked")
+
+    monkeypatch.setattr(bench, "plan_quality", must_not_run)
+    out = tmp_path / "reports" / "benchmarks.md"
+    with pytest.raises(az.AoizoraError, match="WORKLOAD/SLICE"):
+        bench.run_all(out=out, only=["plan-quality", "search-cost"], search_cases=["v5e:2x4"])
+    assert not out.parent.exists()
+
+
+@pytest.mark.parametrize("name, argv", [
+    ("plan_quality", ["--cases", "v5e:2x4"]),
+    ("search_cost", ["--cases", "v5e:2x4"]),
+    ("compile_survivors", ["--cases", "v5e:2x4"]),
+    ("ir_vs_compiled", ["--cases", "v5e:2x4"]),
+    ("placement_throughput", ["--case", "v5e:2x4", "cfg2-uly4"]),
+])
+def test_the_scripts_refuse_a_bad_case_spec_with_its_fix(name, argv, monkeypatch, capsys):
+    monkeypatch.setattr(sys, "argv", [f"{name}.py", *argv])
+    with pytest.raises(SystemExit) as exited:
+        script(name).main()
+    assert exited.value.code == 2  # argparse's usage error, before any work
+    assert "'v5e:2x4' must be WORKLOAD/SLICE, e.g. 'wan2.1-t2v-14b" in capsys.readouterr().err

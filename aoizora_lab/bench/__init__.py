@@ -1,0 +1,151 @@
+"""Benchmarks of the planner itself: how good its plans are, what the search costs, how fast
+placements are scored — and the Markdown report ``reports/benchmarks.md`` that collects them.
+
+Every number comes from the real pipeline: :func:`~aoizora_lab.planner.plan` with deviceless
+TPU compiles (libtpu), the compiled HLO and the ICI model. Latencies are *predictions* of that
+model (nothing runs on a TPU here); the tables say so. A case, baseline or candidate that
+fails is a row with its status, never an exception that ends the run. Cases are case specs
+(:mod:`aoizora_lab.cases`, e.g. ``wan2.1-t2v-14b@1280x720x81/v5e:4x4``) or
+:class:`~aoizora_lab.cases.Case` objects.
+
+One module per benchmark, each with its matrix, its targets and its section of the report:
+
+- :mod:`~aoizora_lab.bench.quality` — :func:`plan_quality`: per workload x slice, the plan's
+  predicted one-step latency against every baseline, the gain of placement alone (same
+  candidate, other device orders) and the compute roofline;
+- :mod:`~aoizora_lab.bench.search` — :func:`search_cost`: the planner's wall time with an
+  empty and with a filled compile cache, what it enumerated, traced and compiled, against an
+  exhaustive search (every valid candidate compiled and placed): top-1, regret, and how well
+  the IR estimate orders the candidates;
+- :mod:`~aoizora_lab.bench.throughput` — :func:`placement_throughput`: placements scored per
+  second on Wan-sized programs;
+- :mod:`~aoizora_lab.bench.report` — what they share: a case's row, Markdown tables, the
+  report's header (machine, versions, date) and the report file.
+
+:func:`run_all` (here) runs the chosen benchmarks and rewrites the report after each one.
+The package sits on top of the pipeline: it imports the planner and its stages, and nothing
+in the pipeline imports it. The scripts in ``benchmarks/`` are thin command lines over these
+functions, and ``aoizora-lab bench`` calls :func:`run_all`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from aoizora_lab.bench.quality import (
+    DEFAULT_MATRIX,
+    FLOPS_SOURCE,
+    QUICK_LAYERS,
+    QUICK_MATRIX,
+    ROOFLINE_TARGET,
+    SPEEDUP_TARGET,
+    PlanQuality,
+    plan_quality,
+    quality_targets,
+    useful_flops,
+)
+from aoizora_lab.bench.report import (
+    ReportFile,
+    environment,
+    markdown_table,
+    render_report,
+)
+from aoizora_lab.bench.search import (
+    COLD_TARGET_S,
+    COMPILE_FRACTION_TARGET,
+    REGRET_TARGET_PERCENT,
+    SEARCH_COST_MATRIX,
+    WARM_TARGET_S,
+    SearchCost,
+    search_cost,
+)
+from aoizora_lab.bench.throughput import (
+    THROUGHPUT_CASES,
+    THROUGHPUT_LAYERS,
+    placement_throughput,
+    throughput_markdown,
+)
+from aoizora_lab.cases import Case, parse_case
+from aoizora_lab.errors import AoizoraError
+
+__all__ = [
+    "BENCHMARKS",
+    "COLD_TARGET_S",
+    "COMPILE_FRACTION_TARGET",
+    "DEFAULT_MATRIX",
+    "FLOPS_SOURCE",
+    "QUICK_LAYERS",
+    "QUICK_MATRIX",
+    "REGRET_TARGET_PERCENT",
+    "ROOFLINE_TARGET",
+    "SEARCH_COST_MATRIX",
+    "SPEEDUP_TARGET",
+    "THROUGHPUT_CASES",
+    "THROUGHPUT_LAYERS",
+    "WARM_TARGET_S",
+    "PlanQuality",
+    "ReportFile",
+    "SearchCost",
+    "environment",
+    "markdown_table",
+    "placement_throughput",
+    "plan_quality",
+    "quality_targets",
+    "render_report",
+    "run_all",
+    "search_cost",
+    "throughput_markdown",
+    "useful_flops",
+]
+
+BENCHMARKS = ("plan-quality", "search-cost", "placement-throughput")
+"""The benchmarks :func:`run_all` knows, in the order it runs them."""
+
+
+def run_all(*, quick: bool = False, out: str | Path = "reports/benchmarks.md",
+            only: Sequence[str] | None = None, num_layers: int | None = None,
+            skip_exhaustive: bool = False, evaluations: int | None = None,
+            cache_dir: str | Path | None = None, cases: Sequence[Case | str] | None = None,
+            search_cases: Sequence[Case | str] | None = None,
+            command: str = "aoizora-lab bench",
+            progress: Callable[[str], None] | None = None) -> Path:
+    """Run the benchmarks (``only``: a subset of :data:`BENCHMARKS`) and write the report to
+    ``out`` after each one, so that an interrupted run keeps the finished ones.
+
+    ``quick``: :data:`QUICK_MATRIX` for plan quality and search cost, compiled at
+    :data:`QUICK_LAYERS` layers unless ``num_layers`` says otherwise, and 2,000 placement
+    evaluations on the first of :data:`THROUGHPUT_CASES` (8 chips); otherwise
+    :data:`DEFAULT_MATRIX`, :data:`SEARCH_COST_MATRIX` at the planner's depth (full unless
+    ``num_layers``) and 20,000 evaluations. ``cases`` / ``search_cases`` (case specs) replace
+    the plan-quality / search-cost matrix; a bad spec is refused before any benchmark runs.
+    ``cache_dir``: the compile cache of plan quality and placement throughput (default
+    ``data/cache/compile``; search cost always starts from an empty one).
+    """
+    # The matrices and benchmark functions are read from this module when called, so that
+    # what a caller (or a test) sets on ``aoizora_lab.bench`` is what runs.
+    chosen = list(only or BENCHMARKS)
+    unknown = sorted(set(chosen) - set(BENCHMARKS))
+    if unknown:
+        raise AoizoraError(f"Unknown benchmarks {unknown}; choose from {list(BENCHMARKS)}.")
+    quality_matrix = ([parse_case(c) for c in cases] if cases
+                      else QUICK_MATRIX if quick else DEFAULT_MATRIX)
+    search_matrix = ([parse_case(c) for c in search_cases] if search_cases
+                     else QUICK_MATRIX if quick else SEARCH_COST_MATRIX)
+    layers = num_layers if num_layers is not None else (QUICK_LAYERS if quick else None)
+    evaluations = evaluations or (2_000 if quick else 20_000)
+    report = ReportFile(out, command=command)
+    if "plan-quality" in chosen:
+        report.add(plan_quality(quality_matrix, num_layers=layers, cache_dir=cache_dir,
+                                progress=progress).markdown())
+    if "search-cost" in chosen:
+        report.add(search_cost(search_matrix, num_layers=layers, exhaustive=not skip_exhaustive,
+                               progress=progress).markdown())
+    if "placement-throughput" in chosen:
+        if progress:
+            progress("placement throughput")
+        table = placement_throughput(evaluations,
+                                     THROUGHPUT_CASES[:1] if quick else THROUGHPUT_CASES,
+                                     cache_dir=cache_dir)
+        report.add(throughput_markdown(table, evaluations))
+    return report.path

@@ -1,0 +1,252 @@
+"""Plan quality: the planner's plan against every baseline, placement alone, and the roofline.
+
+Per workload x slice, :func:`plan_quality` plans the case and reports the plan's predicted
+one-step latency against each baseline's, what placement alone gains (the plan's candidate and
+compiled program in other device orders) and how close the plan comes to the compute roofline
+(:func:`useful_flops`); :func:`quality_targets` checks :data:`SPEEDUP_TARGET` and
+:data:`ROOFLINE_TARGET`. The matrices: :data:`DEFAULT_MATRIX` and, for ``--quick``,
+:data:`QUICK_MATRIX` at :data:`QUICK_LAYERS` layers.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from aoizora_lab.bench.report import case_label, case_row, config_line, markdown_table, met
+from aoizora_lab.cases import Case
+from aoizora_lab.errors import AoizoraError
+from aoizora_lab.topology import Topology
+from aoizora_lab.workload import Workload
+
+DEFAULT_MATRIX: tuple[str, ...] = (
+    "wan2.1-t2v-1.3b@832x480x81/v5e:2x4",
+    "wan2.1-t2v-1.3b@832x480x81/v5e:4x4",
+    "wan2.1-t2v-14b@1280x720x81/v5e:4x4",
+    "wan2.1-t2v-14b@832x480x81/v5e:2x4",
+    # The 16-chip workloads on the other 16-chip slices libtpu describes (more HBM per chip
+    # than v5e, so whatever fits a v5e:4x4 fits them).
+    "wan2.1-t2v-1.3b@832x480x81/v6e:4x4",
+    "wan2.1-t2v-14b@1280x720x81/v6e:4x4",
+    "wan2.1-t2v-1.3b@832x480x81/v5p:2x2x4",
+    "wan2.1-t2v-14b@1280x720x81/v5p:2x2x4",
+)
+"""Plan-quality matrix (case specs, :mod:`aoizora_lab.cases`)."""
+
+QUICK_MATRIX: tuple[str, ...] = ("wan2.1-t2v-1.3b@832x480x81/v5e:2x4",)
+"""``--quick``: one small workload (compiled at :data:`QUICK_LAYERS` layers), for plan quality
+and search cost."""
+
+QUICK_LAYERS = 2
+"""Compile depth of ``--quick`` (the layer loop is folded back to the model's depth)."""
+
+# Predicted latencies, so "met" means "met by the model's prediction".
+SPEEDUP_TARGET = 1.42
+"""The plan's speedup over the best baseline, on at least one workload."""
+ROOFLINE_TARGET = 1.3
+"""The plan within this factor of the compute roofline, wherever it is compute-bound."""
+
+FLOPS_SOURCE = "IR trace of the unsharded step"
+"""Where the roofline's FLOPs come from: the jaxpr of the whole denoising step (both CFG
+passes) traced without a mesh, counted by :func:`aoizora_lab.ir.count_function` (matmuls from
+shapes, splash attention from its q/k shapes) — the useful work, without the work a sharding
+repeats on several devices."""
+
+
+@dataclass(frozen=True, eq=False)
+class PlanQuality:
+    """:func:`plan_quality`'s tables."""
+
+    summary: pd.DataFrame
+    """One row per workload x slice: latencies, speedups, placement gains, roofline."""
+    baselines: pd.DataFrame
+    """Every case's ``PlanResult.baselines`` rows, with ``workload`` and ``slice``."""
+    targets: pd.DataFrame
+    """``target``, ``value``, ``met`` (see :func:`quality_targets`)."""
+    config: dict[str, Any] = field(default_factory=dict)
+    """How it was run (compile depth, placement budget)."""
+
+    def markdown(self) -> str:
+        """The section of the benchmark report."""
+        from aoizora_lab.baselines import BASELINES
+
+        s = self.summary
+        latency = s[["workload", "slice", "status", "candidate", "placement", "plan_s",
+                     "compute_s", "comm_s", *[f"{b}_s" for b in BASELINES if f"{b}_s" in s],
+                     "plan_wall_s"]]
+        speedup = s[["workload", "slice", *[f"vs_{b}" for b in BASELINES if f"vs_{b}" in s],
+                     "best_baseline", "vs_best_baseline", "speedup_target"]]
+        roofline = s[["workload", "slice", "candidate", "placement_gain_vs_plain",
+                      "placement_gain_vs_make_mesh", "useful_tflops", "plan_tflops",
+                      "roofline_s", "roofline_ratio", "bound", "roofline_target"]]
+        return "\n\n".join([
+            "## Plan quality",
+            "Predicted one-step latency (seconds; both CFG passes) of the AoiZora Lab plan and "
+            "of each baseline, all compiled deviceless by libtpu and scored by the same ICI "
+            "model (`aoizora_lab.cost.predict`); nothing ran on a TPU. `compute_s` and "
+            "`comm_s` are the plan's parts (asynchronous collectives hide behind compute); "
+            "`plan_wall_s` is the planner's wall time. "
+            + config_line(self.config),
+            markdown_table(latency),
+            "What each baseline is (candidate and device order) and how it fared:",
+            markdown_table(self.baselines.reindex(columns=[
+                "workload", "slice", "baseline", "candidate", "placement", "status",
+                "total_s", "speedup_of_plan"])),
+            "Speedup of the plan over each baseline (baseline latency / plan latency) and over "
+            f"the best baseline of the case; target: at least {SPEEDUP_TARGET:g}x on one "
+            "workload.",
+            markdown_table(speedup),
+            "Placement alone: the plan's candidate on its best placement against the same "
+            "candidate in plain device order and where `jax.make_mesh` puts it (latency "
+            "ratios). Roofline: useful FLOPs / (chips x peak bf16 FLOP/s), FLOPs from the "
+            f"{FLOPS_SOURCE}; `plan_tflops` is what the plan's compiled program executes on "
+            "all devices together. `bound`: compute when the plan's predicted compute time is "
+            f"at least its communication time; target: within {ROOFLINE_TARGET:g}x of the "
+            "roofline wherever compute-bound.",
+            markdown_table(roofline),
+            "Targets:",
+            markdown_table(self.targets),
+        ])
+
+
+def useful_flops(workload: Workload, attention: str) -> float:
+    """FLOPs of one denoising step of ``workload``, traced unsharded (see :data:`FLOPS_SOURCE`)."""
+    import jax
+    import jax.numpy as jnp
+
+    from aoizora_lab.ir import count_function
+    from aoizora_lab.models.parallel import ParallelPlan
+    from aoizora_lab.models.wan import abstract_params
+    from aoizora_lab.workload import denoise_step
+
+    model = workload.config()
+    params = abstract_params(model, jnp.bfloat16)
+    inputs = workload.abstract_inputs(jnp.bfloat16)
+    plan = ParallelPlan(attention=attention)
+    replicated = [None] * len(jax.tree.leaves((params, inputs)))
+    counts = count_function(lambda p, i: denoise_step(p, model, plan=plan, **i),
+                            (params, inputs), replicated, {})
+    return float(counts.flops)
+
+
+def plan_quality(cases: Iterable[Case | str] = DEFAULT_MATRIX, *, num_layers: int | None = None,
+                 budget: int = 20_000, cache_dir: str | Path | None = None,
+                 timeout_s: float = 900.0,
+                 progress: Callable[[str], None] | None = None) -> PlanQuality:
+    """Plan every case and compare the plan with the baselines, its placement and the roofline.
+
+    Per case (columns of ``summary``): the plan's ``candidate``, ``placement`` and predicted
+    ``plan_s`` (``compute_s`` + ``comm_s`` under the overlap rule); ``<baseline>_s`` and
+    ``vs_<baseline>`` (baseline / plan) for every baseline, ``best_baseline`` and
+    ``vs_best_baseline``; ``plain_order_s`` and ``make_mesh_s``: the plan's candidate and
+    program in plain device order and in ``jax.make_mesh``'s order, and the gains
+    ``placement_gain_vs_*`` (those / ``plan_s``); ``useful_tflops`` (see :data:`FLOPS_SOURCE`),
+    ``plan_tflops`` (the compiled program on all devices), ``roofline_s`` = useful FLOPs /
+    (chips x peak), ``roofline_ratio`` = ``plan_s / roofline_s``, ``bound`` and the target
+    columns; ``plan_wall_s``: the planner's wall time. A case that fails has its ``status``.
+    """
+    from aoizora_lab.baselines import BASELINES
+
+    rows: list[dict[str, Any]] = []
+    baseline_rows: list[dict[str, Any]] = []
+    for case in cases:
+        if progress:
+            progress("plan quality: {} on {}".format(*case_label(case)))
+        rows.append(case_row(case, lambda workload, topology: _quality_row(
+            workload, topology, num_layers=num_layers, budget=budget, cache_dir=cache_dir,
+            timeout_s=timeout_s, baseline_rows=baseline_rows)))
+    columns = ["workload", "slice", "status", "candidate", "placement", "plan_s", "compute_s",
+               "comm_s", *[f"{b}_s" for b in BASELINES], *[f"vs_{b}" for b in BASELINES],
+               "best_baseline", "vs_best_baseline", "speedup_target", "plain_order_s",
+               "make_mesh_s", "placement_gain_vs_plain", "placement_gain_vs_make_mesh",
+               "useful_tflops", "plan_tflops", "roofline_s", "roofline_ratio", "bound",
+               "roofline_target", "plan_wall_s"]
+    summary = pd.DataFrame(rows).reindex(columns=columns)
+    baselines = pd.DataFrame(baseline_rows)
+    config = {"num_layers": num_layers or "full depth", "budget": budget}
+    return PlanQuality(summary, baselines, quality_targets(summary), config)
+def _quality_row(workload: Workload, topology: Topology, *, num_layers: int | None,
+                 budget: int, cache_dir: str | Path | None, timeout_s: float,
+                 baseline_rows: list[dict[str, Any]]) -> dict[str, Any]:
+    from aoizora_lab.cost import predict
+    from aoizora_lab.hardware import chip_spec
+    from aoizora_lab.placement import make_mesh_order, plain_order
+    from aoizora_lab.planner import plan
+
+    start = time.perf_counter()
+    result = plan(workload, topology, budget=budget, num_layers=num_layers,
+                  cache_dir=cache_dir, timeout_s=timeout_s)
+    wall = time.perf_counter() - start
+    best = result.best
+    plan_s = best.predicted.total_s
+    row: dict[str, Any] = {
+        "status": "ok", "candidate": best.candidate.name,
+        "placement": best.placement.description, "plan_s": plan_s,
+        "compute_s": best.predicted.compute_s, "comm_s": best.predicted.comm_s,
+        "plan_wall_s": wall}
+    for b in result.baselines.to_frame().to_dict("records"):
+        baseline_rows.append({"workload": workload.name, "slice": topology.name, **b})
+    for b in result.baselines:
+        total = b.plan.predicted.total_s if b.plan else math.nan
+        row[f"{b.name}_s"], row[f"vs_{b.name}"] = total, total / plan_s
+    scored = [b for b in result.baselines if b.plan is not None]
+    if scored:
+        top = min(scored, key=lambda b: b.plan.predicted.total_s)
+        row["best_baseline"] = top.name
+        row["vs_best_baseline"] = top.plan.predicted.total_s / plan_s
+        row["speedup_target"] = met(row["vs_best_baseline"] >= SPEEDUP_TARGET)
+    else:
+        row["best_baseline"], row["speedup_target"] = "none scored", "n/a"
+
+    # Placement only: the same candidate and compiled program, other device orders.
+    row["plain_order_s"] = predict(best.program, topology, plain_order(topology)).total_s
+    row["placement_gain_vs_plain"] = row["plain_order_s"] / plan_s
+    try:
+        make_mesh = make_mesh_order(best.candidate.mesh_shape, best.candidate.axis_names,
+                                    topology)
+        row["make_mesh_s"] = predict(best.program, topology, make_mesh).total_s
+        row["placement_gain_vs_make_mesh"] = row["make_mesh_s"] / plan_s
+    except (ValueError, NotImplementedError, AssertionError, AoizoraError):
+        # no devices, or make_mesh refuses the shape on this slice
+        row["make_mesh_s"] = row["placement_gain_vs_make_mesh"] = math.nan
+
+    chip = chip_spec(topology.generation)
+    flops = useful_flops(workload, best.candidate.attention)
+    row["useful_tflops"] = flops / 1e12
+    row["plan_tflops"] = best.program.flops * best.candidate.num_devices / 1e12
+    row["roofline_s"] = flops / (topology.num_chips * chip.peak_bf16_flops)
+    row["roofline_ratio"] = plan_s / row["roofline_s"] if row["roofline_s"] > 0 else math.nan
+    compute_bound = best.predicted.compute_s >= best.predicted.comm_s
+    row["bound"] = "compute" if compute_bound else "communication"
+    row["roofline_target"] = (met(row["roofline_ratio"] <= ROOFLINE_TARGET) if compute_bound
+                              else "n/a")
+    return row
+
+
+def quality_targets(summary: pd.DataFrame) -> pd.DataFrame:
+    """Whether a :func:`plan_quality` summary meets :data:`SPEEDUP_TARGET` (on its best case)
+    and :data:`ROOFLINE_TARGET` (on every compute-bound case): ``target``, ``value``, ``met``."""
+    ok = summary[summary["status"] == "ok"]
+    speedups = ok["vs_best_baseline"].dropna()
+    top = ok.loc[speedups.idxmax()] if not speedups.empty else None
+    bound = ok[(ok["bound"] == "compute") & ok["roofline_ratio"].notna()]
+    worst = bound.loc[bound["roofline_ratio"].idxmax()] if not bound.empty else None
+    return pd.DataFrame([
+        {"target": f">= {SPEEDUP_TARGET:g}x over the best baseline on at least one workload",
+         "value": (f"{top['vs_best_baseline']:.3g}x ({top['workload']} on {top['slice']})"
+                   if top is not None else "no case scored"),
+         "met": met(top is not None and top["vs_best_baseline"] >= SPEEDUP_TARGET)},
+        {"target": f"within {ROOFLINE_TARGET:g}x of the compute roofline wherever "
+                   "compute-bound",
+         "value": (f"worst {worst['roofline_ratio']:.3g}x ({worst['workload']} on "
+                   f"{worst['slice']}); {len(bound)} of {len(ok)} cases compute-bound"
+                   if worst is not None else f"no compute-bound case of {len(ok)}"),
+         "met": ("n/a" if worst is None
+                 else met(bool((bound["roofline_ratio"] <= ROOFLINE_TARGET).all())))},
+    ])

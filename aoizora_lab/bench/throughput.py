@@ -1,0 +1,98 @@
+"""Placement throughput: placements the placement search scores per second.
+
+:func:`placement_throughput` times :class:`~aoizora_lab.placement.PlacementScorer` on the
+search's own workload (every structured placement, then batches of pairwise swaps of the best
+ones) on Wan-sized compiled programs, for :data:`THROUGHPUT_CASES` (8, 16 and 64 chips);
+:func:`throughput_markdown` is its section of the report.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from aoizora_lab.bench.report import case_row, markdown_table
+from aoizora_lab.cases import Case
+from aoizora_lab.topology import Topology
+from aoizora_lab.workload import Workload
+
+THROUGHPUT_CASES: tuple[tuple[str, str], ...] = (
+    ("wan2.1-t2v-1.3b@832x480x81/v5e:2x4", "cfg2-uly4"),
+    ("wan2.1-t2v-14b@1280x720x81/v5e:4x4", "cfg2-uly8-fsdp"),
+    ("wan2.1-t2v-14b@1280x720x81/v5e:8x8", "cfg2-uly8-ring4-fsdp"),
+)
+"""(case, candidate) of :func:`placement_throughput`: 8, 16 and 64 chips."""
+
+THROUGHPUT_LAYERS = 2
+"""Compile depth of the programs scored. Folding to the model's depth changes how often each
+collective runs, not which ones run, so the scorer does the full model's work."""
+
+
+def placement_throughput(evaluations: int = 20_000,
+                         cases: Sequence[tuple[Case | str, str]] = THROUGHPUT_CASES, *,
+                         num_layers: int = THROUGHPUT_LAYERS,
+                         cache_dir: str | Path | None = None) -> pd.DataFrame:
+    """Placements scored per second on the search's own workload, one row per case.
+
+    Per case (case spec, candidate): compile the candidate at ``num_layers`` layers
+    (or take it from the compile cache), build its CommProgram, then time the scorer on every
+    structured placement followed by batches of pairwise swaps of the best four, until at
+    least ``evaluations`` placements are scored.
+    """
+    return pd.DataFrame([
+        case_row(case, functools.partial(_throughput_row, name=name, evaluations=evaluations,
+                                         num_layers=num_layers, cache_dir=cache_dir),
+                 candidate=name)
+        for case, name in cases])
+
+
+def _throughput_row(workload: Workload, topology: Topology, *, name: str, evaluations: int,
+                    num_layers: int, cache_dir: str | Path | None) -> dict[str, Any]:
+    from aoizora_lab.candidates import Candidate, default_attention
+    from aoizora_lab.compile import compile_candidates
+    from aoizora_lab.placement import PlacementScorer, structured_placements
+
+    candidate = Candidate.from_name(name, attention=default_attention(topology))
+    [compiled] = compile_candidates([candidate], workload, topology, num_layers=num_layers,
+                                    cache_dir=cache_dir)
+    if compiled.status != "ok":
+        return {"status": compiled.status}
+    scorer = PlacementScorer(compiled.program, topology)
+    structured = np.array([p.order for p in structured_placements(candidate.mesh_shape,
+                                                                  topology)])
+    rng = np.random.default_rng(0)
+    start = time.perf_counter()
+    scores = scorer.scores(structured)
+    best = structured[np.argsort(scores)[:4]]
+    done = len(structured)
+    while done < evaluations:
+        batch = np.repeat(best, 64, axis=0)
+        i, j = rng.integers(0, topology.num_devices, size=(2, len(batch)))
+        index = np.arange(len(batch))
+        batch[index, i], batch[index, j] = batch[index, j], batch[index, i]
+        scorer.scores(batch)
+        done += len(batch)
+    elapsed = time.perf_counter() - start
+    return {"status": "ok", "chips": topology.num_chips,
+            "hlo collectives": len(compiled.program.collectives),
+            "structures": len(scorer.structures), "structured": len(structured),
+            "evaluated": done, "seconds": elapsed, "placements/s": done / elapsed,
+            "group layouts modelled": scorer.group_layouts_modelled}
+
+
+def throughput_markdown(table: pd.DataFrame, evaluations: int) -> str:
+    """The placement-throughput section of the benchmark report."""
+    return "\n\n".join([
+        "## Placement throughput",
+        "Placements scored per second by `PlacementScorer` (one core, numpy) on the search's "
+        "own workload: every structured placement, then batches of pairwise swaps of the best "
+        f"four, at least {evaluations:,} evaluations per case; programs compiled at "
+        f"{THROUGHPUT_LAYERS} layers and folded to the model's depth.",
+        markdown_table(table),
+    ])
