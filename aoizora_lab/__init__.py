@@ -1,6 +1,6 @@
 """AoiZora Lab: topology-aware planning of Wan 2.1 DiT inference on TPU slices.
 
-Public API (see ARCHITECTURE.md for the pipeline)::
+Public API (docs/architecture.md maps the pipeline)::
 
     import aoizora_lab as az
     topo = az.Topology.from_name("v5e:4x4")      # deviceless libtpu devices, real coordinates

@@ -38,11 +38,11 @@ split evenly over every axis order and both ways of a tied wrapped axis, which k
 invariant under mirror and rotation symmetries of the slice; ``"dimension-order"`` uses only
 x-then-y-then-z with ties the + way (:meth:`Topology.route`).
 
-Worked example (REFERENCE.md §2): on a v5e slice with axes {8, 4}, an all-gather over the
-length-4 axis (no wraparound) of 8.4 MB shards: each line's ring sends ``3/2`` shards each way
-per hop, and the closing hop crosses the line the other way, so the busiest link carries
-``3 * 8.4e6`` bytes: ``25.2e6 / (4.5e10 * 0.95) + 3 * 1e-6 = 592 us`` (the book's formula gives
-560 us; the profile measured 680 us).
+Worked example (the scaling book's v5e measurement): on a v5e slice with axes {8, 4}, an
+all-gather over the length-4 axis (no wraparound) of 8.4 MB shards: each line's ring sends
+``3/2`` shards each way per hop, and the closing hop crosses the line the other way, so the
+busiest link carries ``3 * 8.4e6`` bytes: ``25.2e6 / (4.5e10 * 0.95) + 3 * 1e-6 = 592 us``
+(the book's formula gives 560 us; the profile measured 680 us).
 """
 
 from __future__ import annotations

@@ -97,7 +97,7 @@ class ChipSpec:
 
 # Sources: Google Cloud TPU docs (v4, v5e, v5p, v6e system architecture pages) for FLOP/s and
 # HBM; "How to Scale Your Model" (jax-ml scaling book), TPU chapter, for ICI link bandwidth
-# and the ~1 us per-hop latency (an older text of the book says 0.5 us); REFERENCE.md §1.
+# and the ~1 us per-hop latency (an older text of the book says 0.5 us).
 _DEFAULTS: dict[str, ChipSpec] = {
     "v4": ChipSpec(
         generation="v4",
@@ -147,8 +147,8 @@ _DEFAULTS: dict[str, ChipSpec] = {
 
 GENERATIONS: tuple[str, ...] = tuple(_DEFAULTS)
 
-# The other published ICI figure: cloud docs' per-chip totals divided by the ports (REFERENCE.md
-# §1). Pass it as an override to model with it instead of the scaling book's number.
+# The other published ICI figure: the Google Cloud TPU docs' per-chip totals divided by the
+# ports. Pass it as an override to model with it instead of the scaling book's number.
 ICI_LINK_BANDWIDTH_CLOUD: dict[str, float] = {"v5e": 5e10, "v5p": 1e11, "v6e": 1e11}
 
 

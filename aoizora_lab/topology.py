@@ -5,7 +5,8 @@ physical position of device *i*; a *placement* later maps logical device ids ont
 Positions are chip coordinates ``(x, y)`` on v5e/v6e and ``(x, y, z)`` on v4/v5p; a name such
 as ``"v5e:2x4"`` means 2 chips along x and 4 along y, exactly as libtpu reads it.
 
-Wraparound follows the hardware rules (REFERENCE.md §1):
+Wraparound follows the hardware rules (the scaling book; the ``wrap`` field of MaxText's
+``accelerator_to_spec_map``):
 
 - v5e / v6e: an axis has a wraparound link only when its length is 16, so ``v5e:4x4`` is a
   plain mesh, ``v5e:8x16`` wraps on the 16 axis and ``v5e:16x16`` on both;
@@ -47,7 +48,8 @@ Shape = tuple[int, ...]
 PLUS, MINUS = 0, 1
 """Direction index of a link: towards larger (+) or smaller (-) coordinates."""
 
-# Slice shapes each generation is offered in (REFERENCE.md §1).
+# Slice shapes each generation is offered in (Google Cloud TPU docs; libtpu's deviceless
+# topologies).
 SLICE_SHAPES_2D: tuple[Shape, ...] = (
     (1, 1), (2, 2), (2, 4), (4, 4), (4, 8), (8, 8), (8, 16), (16, 16),
 )

@@ -80,7 +80,7 @@ def test_blockwise_runs_32k_tokens_without_materialising_scores():
 
 
 def test_splash_block_sizes_follow_the_measured_limits():
-    # 75,600 tokens on v5e: 1024 / 1024 / 512 is what compiles (REFERENCE.md §3).
+    # 75,600 tokens on v5e: 1024 / 1024 / 512 is what compiles (measured deviceless).
     assert splash_block_sizes(75_600, 75_600) == (1024, 1024, 512)
     block_q, block_kv, compute = splash_block_sizes(300, 257)
     assert block_q >= 300 and block_kv >= 257

@@ -30,7 +30,7 @@ def _collectives(mesh_shape, size, rng):
 
 def test_scaling_book_v5e_all_gather_without_wraparound_is_within_25_percent():
     # v5e slice {X: 8, Y: 4}; all-gather over Y (length 4, no wraparound) of bf16[2048, 8192]
-    # in total, i.e. 8.4 MB shards: the profile measured 680 us (REFERENCE.md §2).
+    # in total, i.e. 8.4 MB shards: the profile measured 680 us (the scaling book's v5e profile).
     topo = az.Topology.simulated((8, 4), generation="v5e")
     assert topo.wrap == (False, False)
     mesh = (8, 4)

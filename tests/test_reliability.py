@@ -1,4 +1,4 @@
-"""Reliability (issue 10): bad input gets a clear error; crashes, hangs, OOM and interrupted
+"""Reliability: bad input gets a clear error; crashes, hangs, OOM and interrupted
 sweeps lose nothing; the caches never hand back a damaged or stale entry.
 
 Covered elsewhere and not repeated here: a single SIGABRT crash with a rerun that hits the cache,

@@ -7,7 +7,7 @@ import pytest
 import aoizora_lab as az
 from aoizora_lab.topology import SLICE_SHAPES_2D, SMALL_SLICE_SHAPES_3D
 
-# Deviceless topology names libtpu accepts (REFERENCE.md §1, plus larger v5e checked here).
+# Deviceless topology names libtpu accepts (get_topology_desc, checked with libtpu 0.0.42.1).
 LIBTPU_NAMES = ["v5e:2x2", "v5e:2x4", "v5e:4x4", "v5e:4x8", "v5e:8x8", "v5e:8x16", "v6e:4x4",
                 "v5p:2x2x4", "v5p:4x4x4", "v4:2x2x2"]
 

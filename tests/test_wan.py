@@ -1,5 +1,4 @@
 import json
-import os
 from pathlib import Path
 
 import jax
@@ -22,16 +21,12 @@ from aoizora_lab.models.wan import (
     time_sinusoid,
 )
 
-FIXTURES = Path(os.environ.get("AOIZORA_LAB_FIXTURES",
-                               Path(__file__).resolve().parents[2] / "shared" / "fixtures"))
+FIXTURES = Path(__file__).resolve().parent / "data"
 FIXTURE = FIXTURES / "wan21_tiny_t2v_a.safetensors"
 
 
 @pytest.fixture(scope="module")
 def official():
-    assert FIXTURE.exists(), (
-        f"{FIXTURE} is missing: the shared folder sits beside the repository; point "
-        "$AOIZORA_LAB_FIXTURES at its fixtures/ folder otherwise.")
     meta = json.loads(FIXTURE.with_suffix(".json").read_text())
     return meta, load_safetensors(FIXTURE)
 
@@ -81,7 +76,8 @@ def test_presets_have_the_official_sizes():
     assert (big.dim, big.num_heads, big.num_layers, big.ffn_dim) == (5120, 40, 40, 13824)
     assert i2v.model_type == "i2v" and i2v.in_dim == 36
     assert big.rope_dims == (44, 42, 42) and big.head_dim == 128
-    # 14B in bf16 is about 28.6 GB (REFERENCE.md §4): too big for one 16 GB v5e chip.
+    # 14B in bf16 is about 28.6 GB (the official 14B config, 2 bytes per parameter): too big
+    # for one 16 GB v5e chip.
     assert 28e9 < 2 * param_count(big) < 29e9
     leaves = jax.tree.leaves(abstract_params(big))
     assert all(isinstance(leaf, jax.ShapeDtypeStruct) for leaf in leaves)

@@ -16,7 +16,7 @@ from aoizora_lab.workload import Workload, lower_step
 
 
 def test_presets_give_the_published_token_counts():
-    # REFERENCE.md §4: 832x480x81 -> 32,760 tokens; 1280x720x81 -> 75,600.
+    # Official Wan 2.1 sizes: 832x480x81 -> 32,760 tokens; 1280x720x81 -> 75,600.
     small = Workload.preset("wan2.1-t2v-1.3b", "480p")
     big = Workload.preset("wan2.1-t2v-14b", "720p")
     assert small.latent_shape == (16, 21, 60, 104)

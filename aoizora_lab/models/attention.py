@@ -111,8 +111,9 @@ def blockwise_attention(q: jax.Array, k: jax.Array, v: jax.Array, *,
 def splash_block_sizes(q_len: int, kv_len: int) -> tuple[int, int, int]:
     """(block_q, block_kv, block_kv_compute) for splash attention on these lengths.
 
-    Measured on v5e (REFERENCE.md §3): at 75k tokens the default blocks overflow the 1 MiB SMEM
-    with mask metadata and ``block_q=2048`` overflows the 16 MiB scoped VMEM, while
+    Measured with deviceless v5e compiles (libtpu 0.0.42.1): at 75k tokens the default blocks
+    overflow the 1 MiB SMEM with mask metadata and ``block_q=2048`` overflows the 16 MiB
+    scoped VMEM, while
     ``1024 / 1024 / 512`` compiles. Shorter sequences use blocks no longer than the padded
     sequence, in multiples of 128 (the TPU lane width).
     """
