@@ -25,7 +25,7 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
@@ -40,6 +40,9 @@ from aoizora_lab.models.wan import WanConfig, param_leaves, param_specs
 from aoizora_lab.records import Records
 from aoizora_lab.topology import Topology
 from aoizora_lab.workload import Workload
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 ABBREVIATIONS = {"cfg": "cfg", "ulysses": "uly", "ring": "ring", "context": "ctx", "tp": "tp"}
 _ROLE_OF = {abbr: role for role, abbr in ABBREVIATIONS.items()}
@@ -232,6 +235,28 @@ class CandidateSpace(Records[CandidateOption]):
     def valid(self) -> list[Candidate]:
         """The valid candidates, in enumeration order: what pruning receives."""
         return [o.candidate for o in self if o.valid and o.candidate is not None]
+
+    def exclusions(self, *, examples: int = 6) -> pd.DataFrame:
+        """Why options were excluded: one row per exclusion reason, most combinations first.
+
+        Columns ``reason``, ``combinations`` (the invalid options that reason applies to) and
+        ``examples`` (the names of the first ``examples`` of them, comma-separated). An option
+        breaking several rules counts under each, so ``combinations`` may add up to more than
+        the invalid options. Example (14B on ``v5e:4x4``): ``cfg degree 4 > 2 passes per step``
+        is one row, counting every option with cfg 4 (with and without fsdp).
+        """
+        import pandas as pd
+
+        names: dict[str, list[str]] = {}
+        for option in self:
+            for reason in option.reasons:
+                names.setdefault(reason, []).append(option.name)
+        frame = pd.DataFrame(
+            [{"reason": reason, "combinations": len(listed),
+              "examples": ", ".join(listed[:examples])} for reason, listed in names.items()],
+            columns=["reason", "combinations", "examples"])
+        return frame.sort_values("combinations", ascending=False,
+                                 kind="stable").reset_index(drop=True)
 
     def row(self, item: CandidateOption) -> dict[str, Any]:
         return {"name": item.name, **dict(item.degrees), "fsdp": item.fsdp,

@@ -39,7 +39,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aoizora_lab.candidates import Candidate
 from aoizora_lab.errors import AoizoraError, is_whole
@@ -48,6 +48,9 @@ from aoizora_lab.records import Records
 from aoizora_lab.topology import Topology
 from aoizora_lab.versions import program_versions
 from aoizora_lab.workload import Workload
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 STATUSES = ("ok", "oom", "crash", "timeout", "error")
 CACHED_STATUSES = ("ok", "oom")
@@ -93,6 +96,28 @@ class Compiles(Records[CompiledCandidate]):
     def ok(self) -> list[CompiledCandidate]:
         """The compiles that produced a program."""
         return [r for r in self if r.status == "ok"]
+
+    def traffic(self) -> pd.DataFrame:
+        """Collective bytes per device per step of every ``ok`` compile, by kind and schedule.
+
+        One row per (candidate, kind, schedule) present: ``candidate``, ``kind``, ``schedule``
+        (``async``: the compiler scheduled it asynchronously, so it may hide behind compute;
+        ``sync``: it adds to the step), ``collective`` (``"all-gather (async)"``) and ``gb``
+        (bytes x runs per step / 1e9, over that kind's collectives). Candidates keep the compile
+        order; compiles that are not ``ok`` have no program and no rows.
+        """
+        import pandas as pd
+
+        rows = []
+        for result in self.ok:
+            frame = result.program.to_frame()
+            frame["schedule"] = frame["asynchronous"].map({True: "async", False: "sync"})
+            frame["gb"] = frame["bytes"] * frame["count"] / 1e9
+            for (kind, schedule), gb in frame.groupby(["kind", "schedule"])["gb"].sum().items():
+                rows.append({"candidate": result.candidate.name, "kind": kind,
+                             "schedule": schedule, "collective": f"{kind} ({schedule})",
+                             "gb": float(gb)})
+        return pd.DataFrame(rows, columns=["candidate", "kind", "schedule", "collective", "gb"])
 
     def row(self, item: CompiledCandidate) -> dict[str, Any]:
         return {"candidate": item.candidate.name, "status": item.status, "cached": item.cached,

@@ -10,9 +10,11 @@ contract::
   per line; papermill injects the report's values of those names in a cell right after it (a
   notebook gets only the parameters it declares). Every parameter of a report must be declared
   by at least one of its notebooks, so a typo in the matrix fails before anything runs instead
-  of silently leaving a default in place. Values are JSON-like (``size`` is the list
-  ``[832, 480]``: papermill would turn a tuple into a string). :func:`notebook_inputs` checks
-  them and builds the library values (workload, topology, layers, budget).
+  of silently leaving a default in place. Values are JSON-like. The workload and the slice
+  are one parameter, ``case = "wan2.1-t2v-1.3b@832x480x81/v5e:2x4"`` (the case spec of
+  :func:`aoizora_lab.cases.parse_case`: ``MODEL@WIDTHxHEIGHT[xFRAMES]/SLICE``); notebooks
+  that compile add ``layers`` and ``budget``. :func:`notebook_inputs` checks them and builds
+  the library values (case, workload, topology, layers, budget).
 - **Figures**: display plotly figures as HTML divs without plotly.js,
   ``display(HTML(fig.to_html(full_html=False, include_plotlyjs=False)))`` (what :func:`show`,
   i.e. ``aoizora_lab.viz.show(fig)``, does). Every page loads the shared plotly.js in its
@@ -34,6 +36,7 @@ from aoizora_lab.errors import AoizoraError, is_whole
 from aoizora_lab.viz.display import show
 
 __all__ = [
+    "CASE_EXAMPLE",
     "RECORD_MIMETYPE",
     "NotebookInputs",
     "check_library_parameters",
@@ -46,42 +49,38 @@ RECORD_MIMETYPE = "application/vnd.aoizora.record+json"
 """Output mimetype of :func:`record`: ``{name: value}`` stored as JSON in the notebook."""
 
 
-def check_library_parameters(parameters: Mapping[str, Any]) -> None:
-    """Check the parameters every notebook shares the way the library will use them."""
-    from aoizora_lab.topology import parse_slice_name
-    from aoizora_lab.workload import RESOLUTIONS, Workload
+CASE_EXAMPLE = "wan2.1-t2v-1.3b@832x480x81/v5e:2x4"
+"""The default ``case`` of the notebooks: Wan 2.1 1.3B at 480p, 81 frames, on a v5e 2x4 slice."""
 
-    if "topology" in parameters:
-        if not isinstance(parameters["topology"], str):
-            raise AoizoraError(
-                f"topology={parameters['topology']!r} must be a slice name, e.g. 'v5e:2x4'.")
-        parse_slice_name(parameters["topology"])
-    size = parameters.get("size")
-    if "size" in parameters and not (
-            isinstance(size, list) and len(size) == 2
-            and all(is_whole(v) for v in size)):
+
+def check_library_parameters(parameters: Mapping[str, Any]) -> None:
+    """Check the parameters every notebook shares the way the library will use them: ``case``
+    (a case spec, :func:`aoizora_lab.cases.parse_case`)."""
+    if "case" in parameters:
+        _parse_case(parameters["case"])
+
+
+def _parse_case(case: Any) -> Any:
+    from aoizora_lab.cases import parse_case
+
+    if not isinstance(case, str):
         raise AoizoraError(
-            f"size={size!r} must be [width, height] in pixels, e.g. [832, 480] (480p) or "
-            "[1280, 720] (720p).")
-    if "model" in parameters:
-        if not isinstance(parameters["model"], str):
-            raise AoizoraError(
-                f"model={parameters['model']!r} must be a Wan preset name, e.g. "
-                "'wan2.1-t2v-1.3b'.")
-        # The model decides which sizes and frame counts work (patch and VAE strides).
-        width, height = size or RESOLUTIONS["480p"]
-        Workload(model=parameters["model"], width=width, height=height,
-                 frames=parameters.get("frames", 81))
+            f"case={case!r} must be a case spec string MODEL@WIDTHxHEIGHTxFRAMES/SLICE, e.g. "
+            f"{CASE_EXAMPLE!r}.")
+    return parse_case(case)  # its errors quote the spec and name the bad part
 
 
 @dataclass(frozen=True, eq=False)
 class NotebookInputs:
     """What a notebook's parameters mean to the library."""
 
+    case: Any
+    """The :class:`~aoizora_lab.cases.Case` (workload and slice name) the notebook studies."""
     workload: Any
-    """The :class:`~aoizora_lab.Workload` (model, video size, frames)."""
+    """The :class:`~aoizora_lab.Workload` (model, video size, frames): ``case.workload``."""
     topology: Any
-    """The :class:`~aoizora_lab.Topology` of the slice (deviceless TPU devices off a TPU VM)."""
+    """The :class:`~aoizora_lab.Topology` of the slice (deviceless TPU devices off a TPU VM):
+    ``case.topology()``."""
     layers: int | None
     """Layers each candidate is compiled with (the layer loop is scaled to the full depth);
     ``None`` compiles the full depth."""
@@ -89,29 +88,25 @@ class NotebookInputs:
     """Placement evaluations per compiled candidate."""
 
 
-def notebook_inputs(*, model: Any, size: Any, frames: Any, topology: Any, layers: Any = None,
-                    budget: Any = 20_000) -> NotebookInputs:
+def notebook_inputs(*, case: Any, layers: Any = None, budget: Any = 20_000) -> NotebookInputs:
     """Check a notebook's parameters as papermill injected them and build the library values.
 
-    Example: ``notebook_inputs(model="wan2.1-t2v-14b", size=[1280, 720], frames=81,
-    topology="v5e:4x4", layers=2)``. A bad value raises :class:`AoizoraError` naming it and
-    what is accepted (papermill itself only warns, and turns a tuple ``size`` into a string).
+    ``case`` is one case spec, ``MODEL@WIDTHxHEIGHT[xFRAMES]/SLICE`` (see
+    :mod:`aoizora_lab.cases`). Example: ``notebook_inputs(case="wan2.1-t2v-14b@1280x720x81/"
+    "v5e:4x4", layers=2)``. A bad value raises :class:`AoizoraError` naming it and what is
+    accepted (papermill itself only warns).
     """
-    from aoizora_lab.topology import Topology
-    from aoizora_lab.workload import Workload
-
-    check_library_parameters({"model": model, "size": size, "frames": frames,
-                              "topology": topology})
-    workload = Workload(model=model, width=size[0], height=size[1], frames=frames)
+    parsed = _parse_case(case)
+    workload = parsed.workload
     depth = workload.config().num_layers
     if layers is not None and not is_whole(layers, 2, depth):
         raise AoizoraError(
-            f"layers={layers!r}: compile 2..{depth} layers of {model} (the layer loop is scaled "
-            "to the full depth), or None for the full depth.")
+            f"layers={layers!r}: compile 2..{depth} layers of {workload.model} (the layer loop "
+            "is scaled to the full depth), or None for the full depth.")
     if not is_whole(budget, 0):
         raise AoizoraError(f"budget={budget!r} must be a whole number of placement "
                            "evaluations >= 0, e.g. 20000.")
-    return NotebookInputs(workload, Topology.from_name(topology), layers, budget)
+    return NotebookInputs(parsed, workload, parsed.topology(), layers, budget)
 
 
 def record(name: str, value: Any) -> None:

@@ -15,7 +15,7 @@ import dataclasses
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -25,6 +25,9 @@ from aoizora_lab.errors import AoizoraError
 from aoizora_lab.placement import Placement
 from aoizora_lab.topology import Topology
 from aoizora_lab.workload import Workload
+
+if TYPE_CHECKING:
+    from aoizora_lab.hlo import CommProgram
 
 PLAN_SCHEMA_VERSION = 1
 
@@ -81,6 +84,31 @@ class Plan:
         from aoizora_lab.workload import lower_step
 
         return lower_step(self.workload, self.parallel_plan(devices), **lower_options).compile()
+
+    def compiled_program(self, num_layers: int | None = None, devices: Any = None
+                         ) -> CommProgram:
+        """The :class:`~aoizora_lab.hlo.CommProgram` of this plan as compiled: what the realised
+        mesh and shardings really communicate per step.
+
+        Compiles with :meth:`compile` (``num_layers`` deep; ``None``: the model's depth),
+        parses the HLO with :func:`~aoizora_lab.hlo.parse_hlo` and, when that is shallower
+        than the model, scales the layer loop to the full depth with
+        :meth:`~aoizora_lab.hlo.CommProgram.fold_loop`: the steps
+        :func:`~aoizora_lab.compile.compile_candidates` takes to build the programs the
+        ranking scores. For a plan from the planner, compiled at the planner's depth, its
+        collectives (kind, bytes, runs, groups) should equal those of :attr:`program`; a
+        difference means the realised mesh or shardings are not what was scored.
+        """
+        from aoizora_lab.compile import check_num_layers
+        from aoizora_lab.hlo import parse_hlo
+
+        depth = self.workload.config().num_layers
+        check_num_layers(num_layers, depth)
+        compiled = self.compile(devices, num_layers=num_layers)
+        program = parse_hlo(compiled.as_text(), num_devices=self.candidate.num_devices)
+        if num_layers is not None and num_layers < depth:
+            program = program.fold_loop(num_layers, depth)
+        return program
 
     def run(self, params: Any, inputs: dict[str, Any], devices: Any = None) -> Any:
         """Run one denoising step under this plan on live devices."""

@@ -1,11 +1,11 @@
 """Regenerate ``reports/``: run the parameterised notebooks headless and publish them as HTML.
 
-A *report* is one parameter set (model, video size, slice) run through the notebooks. The
+A *report* is one parameter set (a case: workload and slice) run through the notebooks. The
 matrix of reports lives in ``data/reports.yaml``::
 
     reports:
       - name: wan-1.3b-480p-v5e-2x4
-        parameters: {model: wan2.1-t2v-1.3b, size: [832, 480], frames: 81, topology: "v5e:2x4"}
+        parameters: {case: "wan2.1-t2v-1.3b@832x480x81/v5e:2x4"}
 
 ``run_reports(load_matrix(), "notebooks", "reports")`` executes every notebook of every report
 with papermill and writes, e.g. for ``01_candidates``::
@@ -99,9 +99,9 @@ _CSS_TEMPLATE = """\
 class ReportSpec:
     """One report: ``parameters`` run through ``notebooks``, published under ``<out>/<name>/``.
 
-    ``ReportSpec("wan-14b-720p-v5e-4x4", parameters={"model": "wan2.1-t2v-14b",
-    "size": [1280, 720], "frames": 81, "topology": "v5e:4x4"})`` runs every numbered notebook
-    (``01_candidates`` …) for the 14B model at 720p on a 4x4 v5e slice.
+    ``ReportSpec("wan-14b-720p-v5e-4x4", parameters={"case":
+    "wan2.1-t2v-14b@1280x720x81/v5e:4x4"})`` runs every numbered notebook (``01_candidates``
+    …) for the 14B model at 720p on a 4x4 v5e slice.
     """
 
     name: str
@@ -111,8 +111,8 @@ class ReportSpec:
     ``NN_*.ipynb`` of the notebooks folder, in name order."""
     parameters: Mapping[str, Any] = field(default_factory=dict, hash=False)
     """Values injected after each notebook's ``parameters`` cell. JSON-like: tuples become
-    lists; ``model``, ``size`` (``[width, height]``), ``frames`` and ``topology`` are checked
-    as the library would check them."""
+    lists; ``case`` (a case spec, :func:`aoizora_lab.cases.parse_case`) is checked as the
+    library would check it."""
 
     def __post_init__(self) -> None:
         if isinstance(self.notebooks, str):
@@ -128,7 +128,7 @@ class ReportSpec:
         if not isinstance(self.parameters, Mapping):
             raise AoizoraError(
                 f"ReportSpec.parameters={self.parameters!r} must be a mapping of name -> value, "
-                "e.g. {'model': 'wan2.1-t2v-1.3b', 'size': [832, 480]}.")
+                "e.g. {'case': 'wan2.1-t2v-1.3b@832x480x81/v5e:2x4', 'layers': 2}.")
         plain = {key: _plain(value, f"parameter {key!r}")
                  for key, value in self.parameters.items()}
         object.__setattr__(self, "parameters", MappingProxyType(plain))
@@ -153,7 +153,7 @@ class ReportSpec:
             if not isinstance(key, str) or not key.isidentifier() or keyword.iskeyword(key):
                 raise AoizoraError(
                     f"report {self.name!r}: parameter name {key!r} is not a Python variable "
-                    "name; papermill assigns each parameter to a variable, e.g. 'topology'.")
+                    "name; papermill assigns each parameter to a variable, e.g. 'case'.")
         try:
             check_library_parameters(self.parameters)
         except AoizoraError as err:

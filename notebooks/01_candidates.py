@@ -32,10 +32,12 @@
 # A *candidate* gives each role a degree; the degrees multiply to the number of chips.
 
 # %% tags=["parameters"]
-model = "wan2.1-t2v-1.3b"
-size = [832, 480]
-frames = 81
-topology = "v5e:2x4"
+case = "wan2.1-t2v-1.3b@832x480x81/v5e:2x4"
+
+# %% [markdown]
+# `case` names the workload and the slice in one spec, `MODEL@WIDTHxHEIGHTxFRAMES/SLICE`:
+# the default is Wan 2.1 T2V 1.3B at 832 × 480 pixels and 81 frames, on a v5e slice of
+# 2 × 4 chips (a report may pass another case; the lines below say which one ran).
 
 # %%
 from IPython.display import Markdown, display
@@ -44,7 +46,7 @@ from aoizora_lab import viz
 from aoizora_lab.candidates import explain_candidates
 from aoizora_lab.notebook import notebook_inputs, record
 
-inputs = notebook_inputs(model=model, size=size, frames=frames, topology=topology)
+inputs = notebook_inputs(case=case)
 workload, slice_ = inputs.workload, inputs.topology
 print(slice_.describe())
 print(f"\n{workload.name}: {workload.tokens:,} tokens per pass")
@@ -52,40 +54,32 @@ print(f"\n{workload.name}: {workload.tokens:,} tokens per pass")
 # %% [markdown]
 # ## Every combination, and whether it can run
 #
-# The table holds every assignment of degrees to roles whose product is the chip count. A
-# combination is *valid* when the model's shapes divide evenly (heads over ulysses × tp,
-# tokens over the sequence axes, weights over tp) and the roles make sense together.
+# `explain_candidates` lists every assignment of degrees to roles whose product is the chip
+# count, with fsdp off and on. A combination is *valid* when the model's shapes divide evenly
+# (heads over ulysses × tp, tokens over the sequence axes, weights over tp), the roles make
+# sense together and the weights a chip stores fit its memory.
 
 # %%
-table = explain_candidates(workload, slice_)
-valid = table[table["valid"]]
-display(Markdown(f"**{len(table)} combinations, {len(valid)} valid** on {slice_.name} "
+space = explain_candidates(workload, slice_)
+table = space.to_frame()
+display(Markdown(f"**{len(space)} combinations, {len(space.valid)} valid** on {slice_.name} "
                  f"({slice_.num_devices} devices)."))
-display(valid.drop(columns=["valid", "reason"]).reset_index(drop=True))
+display(table[table["valid"]].drop(columns=["valid", "reason"]).reset_index(drop=True))
 
 # %% [markdown]
 # ## Why the others were excluded
 #
-# Each refused combination carries the first rule it breaks. Reading them is the quickest way
-# to learn the constraints: CFG parallelism stops at two (there are only two passes), Ulysses
-# needs the heads to divide, and so on.
+# Each refused combination carries every rule it breaks, so one combination can count under
+# several reasons. Reading them is the quickest way to learn the constraints: CFG
+# parallelism stops at two (there are only two passes), Ulysses needs the heads to divide,
+# and so on.
 
 # %%
-invalid = table[~table["valid"]]
-reasons = invalid.groupby("reason")["name"].agg(["count", lambda n: ", ".join(list(n)[:6])])
-reasons.columns = ["combinations", "examples"]
-display(reasons.sort_values("combinations", ascending=False))
+exclusions = space.exclusions()
+display(exclusions)
+viz.show(viz.exclusion_chart(space))
 
 # %%
-import plotly.express as px
-
-counts = reasons.reset_index().sort_values("combinations")
-figure = px.bar(counts, x="combinations", y="reason", orientation="h",
-                title="Why combinations were excluded", height=120 + 40 * len(counts))
-figure.update_layout(yaxis_title=None, margin={"l": 20})
-viz.show(figure)
-
-# %%
-record("combinations", len(table))
-record("valid_candidates", len(valid))
-record("exclusion_reasons", len(reasons))
+record("combinations", len(space))
+record("valid_candidates", len(space.valid))
+record("exclusion_reasons", len(exclusions))

@@ -30,25 +30,21 @@
 # parallel all-reduces add.
 
 # %% tags=["parameters"]
-model = "wan2.1-t2v-1.3b"
-size = [832, 480]
-frames = 81
-topology = "v5e:2x4"
+case = "wan2.1-t2v-1.3b@832x480x81/v5e:2x4"
 
 # %%
 from IPython.display import Markdown, display
 
 from aoizora_lab import viz
-from aoizora_lab.candidates import candidates_from_table, default_attention, explain_candidates
+from aoizora_lab.candidates import explain_candidates
 from aoizora_lab.hardware import chip_spec
 from aoizora_lab.notebook import notebook_inputs, record
-from aoizora_lab.prune import prune
+from aoizora_lab.prune import Verdict, prune
 
-inputs = notebook_inputs(model=model, size=size, frames=frames, topology=topology)
+inputs = notebook_inputs(case=case)
 workload, slice_ = inputs.workload, inputs.topology
-candidates = candidates_from_table(explain_candidates(workload, slice_),
-                                   default_attention(slice_))
-table = prune(candidates, workload, slice_)
+candidates = explain_candidates(workload, slice_).valid
+pruning = prune(candidates, workload, slice_)
 chip = chip_spec(slice_.generation)
 display(Markdown(f"Traced **{len(candidates)}** valid candidates of {workload.name} on "
                  f"{slice_.name}; usable HBM per chip {chip.hbm_usable_bytes / 2**30:.2f} GiB."))
@@ -56,34 +52,30 @@ display(Markdown(f"Traced **{len(candidates)}** valid candidates of {workload.na
 # %% [markdown]
 # ## The rules
 #
-# Applied in order; the first that applies decides:
+# Applied in order; the first that applies decides, and names the candidate's *verdict*:
 #
-# 1. **cannot fit** — parameters plus the largest activation exceed a chip's usable HBM;
-# 2. **cannot win** — its *lower bound* is more than 25 % above the best *estimate*;
-# 3. **unlikely to win** — its estimate is more than 10 % above the best estimate;
-# 4. **over the compile budget** — beyond the best quarter of all candidates;
-# 5. the three best estimates that fit are always kept, so a poor estimate never empties the
-#    compile queue.
+# 1. **cannot fit** (`over_hbm`) — parameters plus the largest activation exceed a chip's
+#    usable HBM;
+# 2. **cannot win** (`cannot_win`) — its *lower bound* is more than 25 % above the best
+#    *estimate*;
+# 3. **unlikely to win** (`unlikely`) — its estimate is more than 10 % above the best
+#    estimate;
+# 4. **over the compile budget** (`over_budget`) — beyond the best quarter of all candidates;
+# 5. the three best estimates that fit are always kept (`kept_best`), so a poor estimate
+#    never empties the compile queue; the others that pass are `kept`.
 #
+# A candidate whose trace fails is dropped (`trace_failed`) with the error as its reason.
 # Ties (estimates equal to three significant digits, as when every collective hides behind
 # compute) go to the candidate with less communication: the overlap rule is optimistic.
 
 # %%
-columns = ["candidate", "keep", "estimate_s", "lower_bound_s", "compute_estimate_s",
+columns = ["candidate", "verdict", "estimate_s", "lower_bound_s", "compute_estimate_s",
            "comm_estimate_s", "comm_gb_per_device", "memory_lower_bound_gib", "reason"]
-display(table[columns].round(4))
+display(pruning.to_frame()[columns].round(4))
 
 # %%
-import plotly.express as px
-
-traced = table.dropna(subset=["estimate_s"]).copy()
-traced["decision"] = traced["reason"].str.split(":").str[0]
-figure = px.scatter(traced, x="lower_bound_s", y="estimate_s", color="decision",
-                    symbol="keep", hover_name="candidate",
-                    hover_data={"comm_gb_per_device": ":.2f", "reason": True},
-                    title="IR estimate vs lower bound per candidate (kept ones compile next)")
-figure.update_layout(xaxis_title="lower bound (s)", yaxis_title="estimate (s)")
-viz.show(figure)
+viz.show(viz.pruning_scatter(pruning, title="IR estimate vs lower bound per candidate "
+                                            "(kept ones compile next)"))
 
 # %% [markdown]
 # Candidates far to the right cannot win even with a perfect placement; the kept ones sit
@@ -91,8 +83,8 @@ viz.show(figure)
 # short, so the next notebook compiles the survivors and reads what the compiler really did.
 
 # %%
-kept = table[table["keep"]]
-record("traced_candidates", int((~table["reason"].str.startswith("trace failed")).sum()))
-record("kept_candidates", len(kept))
-record("best_estimate_candidate", str(kept.iloc[0]["candidate"]))
-record("best_estimate_s", float(kept.iloc[0]["estimate_s"]))
+best = next(d for d in pruning if d.verdict.keep)  # decisions run best estimate first
+record("traced_candidates", sum(d.verdict is not Verdict.TRACE_FAILED for d in pruning))
+record("kept_candidates", len(pruning.kept))
+record("best_estimate_candidate", best.candidate.name)
+record("best_estimate_s", best.estimate.estimate_seconds)

@@ -23,10 +23,7 @@
 # and HBM bytes), and the compiler's own memory figures.
 
 # %% tags=["parameters"]
-model = "wan2.1-t2v-1.3b"
-size = [832, 480]
-frames = 81
-topology = "v5e:2x4"
+case = "wan2.1-t2v-1.3b@832x480x81/v5e:2x4"
 layers = 2
 
 # %% [markdown]
@@ -35,25 +32,20 @@ layers = 2
 # the full model's program, in a fraction of the compile time. `None` compiles the full depth.
 
 # %%
-import pandas as pd
 from IPython.display import display
 
 from aoizora_lab import viz
-from aoizora_lab.candidates import candidates_from_table, default_attention, explain_candidates
+from aoizora_lab.candidates import explain_candidates
 from aoizora_lab.compile import compile_candidates
 from aoizora_lab.notebook import notebook_inputs, record
-from aoizora_lab.planner import compiled_table
-from aoizora_lab.prune import prune, survivors
+from aoizora_lab.prune import prune
 
-inputs = notebook_inputs(model=model, size=size, frames=frames, topology=topology,
-                         layers=layers)
+inputs = notebook_inputs(case=case, layers=layers)
 workload, slice_ = inputs.workload, inputs.topology
-candidates = candidates_from_table(explain_candidates(workload, slice_),
-                                   default_attention(slice_))
-pruning = prune(candidates, workload, slice_)
-compiled = compile_candidates(survivors(candidates, pruning), workload, slice_,
-                              num_layers=inputs.layers)
-display(compiled_table(compiled).round(3))
+pruning = prune(explain_candidates(workload, slice_).valid, workload, slice_)
+compiled = compile_candidates(pruning.kept, workload, slice_, num_layers=inputs.layers)
+summary = compiled.to_frame()
+display(summary.round(3))
 
 # %% [markdown]
 # A status other than `ok` (out of memory, compiler crash, timeout) is a row, not a failure
@@ -65,27 +57,9 @@ display(compiled_table(compiled).round(3))
 # asynchronously (it may hide behind compute) and synchronously (it adds to the step).
 
 # %%
-rows = []
-for result in compiled:
-    if result.status != "ok":
-        continue
-    frame = result.program.to_frame()
-    frame["gb"] = frame["bytes"] * frame["count"] / 1e9
-    frame["schedule"] = frame["asynchronous"].map({True: "async", False: "sync"})
-    for (kind, schedule), gb in frame.groupby(["kind", "schedule"])["gb"].sum().items():
-        rows.append({"candidate": result.candidate.name, "collective": f"{kind} ({schedule})",
-                     "gb": gb})
-traffic = pd.DataFrame(rows)
-display(traffic.pivot_table(index="candidate", columns="collective", values="gb",
-                            fill_value=0).round(2))
-
-# %%
-import plotly.express as px
-
-figure = px.bar(traffic, x="gb", y="candidate", color="collective", orientation="h",
-                title="Collective bytes per device per step (compiled HLO)")
-figure.update_layout(xaxis_title="GB per device per step", yaxis_title=None)
-viz.show(figure)
+traffic = compiled.traffic()
+display(traffic.pivot(index="candidate", columns="collective", values="gb").fillna(0).round(2))
+viz.show(viz.traffic_chart(compiled))
 
 # %% [markdown]
 # Ulysses candidates pay in synchronous all-to-alls; context candidates gather every key and
@@ -93,9 +67,7 @@ viz.show(figure)
 # placement can make cheaper is the subject of notebook 4.
 
 # %%
-ok = [r for r in compiled if r.status == "ok"]
 record("compiled", len(compiled))
-record("compiled_ok", len(ok))
-record("compile_seconds", round(sum(r.compile_seconds for r in compiled), 1))
-record("peak_hbm_gib_max", round(max((r.memory.get("peak", 0) for r in ok), default=0)
-                                 / 2**30, 3))
+record("compiled_ok", len(compiled.ok))
+record("compile_seconds", round(float(summary["compile_s"].sum()), 1))
+record("peak_hbm_gib_max", round(float(summary["peak_gib"].max()), 3) if compiled.ok else None)

@@ -23,10 +23,7 @@
 # and compiling it must give exactly the collectives the ranking scored.
 
 # %% tags=["parameters"]
-model = "wan2.1-t2v-1.3b"
-size = [832, 480]
-frames = 81
-topology = "v5e:2x4"
+case = "wan2.1-t2v-1.3b@832x480x81/v5e:2x4"
 layers = 2
 budget = 20000
 plan_file = ""
@@ -43,14 +40,12 @@ import jax
 from IPython.display import Markdown, display
 
 from aoizora_lab import measure
-from aoizora_lab.hlo import parse_hlo
 from aoizora_lab.notebook import notebook_inputs, record
 from aoizora_lab.planner import plan
 from aoizora_lab.realize import Plan
 from aoizora_lab.topology import Topology
 
-inputs = notebook_inputs(model=model, size=size, frames=frames, topology=topology,
-                         layers=layers, budget=budget)
+inputs = notebook_inputs(case=case, layers=layers, budget=budget)
 workload, slice_ = inputs.workload, inputs.topology
 result = plan(workload, slice_, num_layers=inputs.layers, budget=inputs.budget)
 best = result.best
@@ -76,15 +71,14 @@ assert loaded.placement.order == best.placement.order
 # %% [markdown]
 # ## Compile the realised plan
 #
-# Compile the step under the plan's mesh and shardings (deviceless when this
-# machine has no TPU; `layers` deep, the layer loop scaled as in notebook 3) and compare
-# its collectives with the ones the ranking scored.
+# `Plan.compiled_program` compiles the step under the plan's own mesh and shardings
+# (deviceless when this machine has no TPU; `layers` deep), reads the collectives from the
+# compiled HLO and scales the layer loop to the full depth, as notebook 3 did for every
+# candidate. Its collectives (kind, bytes, runs per step, group size, number of groups) must
+# be exactly the ones the ranking scored in `best.program`.
 
 # %%
-compiled = best.compile(num_layers=inputs.layers)
-program = parse_hlo(compiled.as_text())
-if inputs.layers:
-    program = program.fold_loop(inputs.layers, workload.config().num_layers)
+program = best.compiled_program(num_layers=inputs.layers)
 key = ["kind", "bytes", "count", "group_size", "num_groups"]
 realised = sorted(map(tuple, program.to_frame()[key].to_numpy()))
 scored = sorted(map(tuple, best.program.to_frame()[key].to_numpy()))
@@ -97,10 +91,10 @@ display(Markdown(f"Realised plan's collectives {'match' if same else '**differ f
 #
 # Predictions rank plans; only TPU devices can time them. On a TPU VM (`jax.devices()`
 # returns TPU devices) this cell moves the plan onto the live chips (matching chips by
-# coordinates), times the step with warm-up, then times the top placements and every
-# baseline round-robin and compares the measured order with the predicted one: a high rank
-# correlation means the model can be trusted to choose; a low one says to calibrate it
-# (`measure.microbenchmarks` + `measure.calibrate`, see the README).
+# coordinates), times the step with warm-up, then times the top placements, every baseline
+# (existing system) and every ablation round-robin and compares the measured order with the
+# predicted one: a high rank correlation means the model can be trusted to choose; a low one
+# says to calibrate it (`measure.microbenchmarks` + `measure.calibrate`, see the README).
 
 # %%
 platform = jax.devices()[0].platform

@@ -185,8 +185,8 @@ def test_bad_model_configs_and_flags_are_clear():
     # A bool is an int to Python, not a frame count: True must not pass as 1 frame.
     clear_error(lambda: az.Workload(model=TINY, height=32, width=48, frames=True, text_len=8),
                 [True], "positive integer")
-    clear_error(lambda: notebook_inputs(model="wan2.1-t2v-1.3b", size=[832, 480], frames=True,
-                                        topology="v5e:2x4"), [True], "positive integer")
+    clear_error(lambda: notebook_inputs(case=GOOD_CASE, layers=True), [True],
+                "or None for the full depth")
 
 
 role_parts = st.tuples(st.sampled_from([*ABBREVIATIONS.values(), "foo", "fsdp", "", "x"]),
@@ -364,21 +364,32 @@ def test_a_plan_file_that_is_not_a_plan_object_is_refused(plan_file, tmp_path, r
 # -- report parameters
 
 
+GOOD_CASE = "wan2.1-t2v-1.3b@832x480x81/v5e:2x4"
+bad_case_parts = {  # a good case with one part broken (see cases.parse_case for the grammar)
+    "model": st.text(max_size=12).filter(
+        lambda m: m.strip().lower() not in PRESETS and m.strip() != "custom"),
+    "width": st.integers(-100, 2000).filter(lambda p: p < 1 or p % 16),
+    "height": st.integers(-100, 2000).filter(lambda p: p < 1 or p % 16),
+    "frames": st.integers(-20, 200).filter(lambda f: f < 1 or (f - 1) % 4),
+    "slice_name": st.one_of(st.text(max_size=9).filter(lambda t: ":" not in t),
+                       st.just("v5e:3x3"), st.just("v9:2x2")),
+}
+
+
+def _case(model="wan2.1-t2v-1.3b", width=832, height=480, frames=81, slice_name="v5e:2x4"):
+    return f"{model}@{width}x{height}x{frames}/{slice_name}"
+
+
 @FUZZ
 @given(st.data())
 def test_bad_notebook_parameters_name_the_value(data):
-    parameters = {"model": "wan2.1-t2v-1.3b", "size": [832, 480], "frames": 81,
-                  "topology": "v5e:2x4", "layers": 2, "budget": 100}
+    parameters = {"case": GOOD_CASE, "layers": 2, "budget": 100}
     bad_values = {
-        "model": st.one_of(st.text(max_size=12).filter(
-            lambda m: m.strip().lower() not in PRESETS), st.integers(), st.none()),
-        "size": st.one_of(st.text(max_size=9), st.none(), st.integers(),
-                          st.lists(st.integers(-5, 2000), max_size=3).filter(
-                              lambda s: len(s) != 2 or min(s) < 1 or s[0] % 16 or s[1] % 16),
-                          st.just([True, 480])),
-        "frames": bad_frames,
-        "topology": st.one_of(st.text(max_size=9).filter(lambda t: ":" not in t), st.none(),
-                              st.just("v5e:3x3"), st.just("v9:2x2")),
+        "case": st.one_of(
+            st.sampled_from(list(bad_case_parts)).flatmap(
+                lambda part: bad_case_parts[part].map(lambda bad: _case(**{part: bad}))),
+            st.text(max_size=20).filter(lambda t: "@" not in t),  # no workload at all
+            st.integers(), st.none(), st.booleans(), st.lists(st.integers(1, 900), max_size=2)),
         "layers": st.one_of(st.integers(-3, 1), st.integers(31, 99), st.floats(allow_nan=False),
                             st.text(max_size=3), st.just(True)),
         "budget": st.one_of(st.integers(max_value=-1), st.floats(allow_nan=False),
@@ -386,15 +397,21 @@ def test_bad_notebook_parameters_name_the_value(data):
     }
     broken = data.draw(st.sampled_from(list(bad_values)))
     parameters[broken] = data.draw(bad_values[broken])
-    size = parameters["size"]
-    bad = [parameters[broken], *(size if isinstance(size, list) else [])]
     accepted = ["e.g.", "presets are", "multiples of 16", "4n + 1", "positive integer",
                 "or None for the full depth", "shapes are", "generations are"]
-    clear_error(lambda: notebook_inputs(**parameters), bad, accepted)
-    if broken not in ("layers", "budget"):  # the same checks guard the report matrix
-        spec_parameters = {k: v for k, v in parameters.items() if k not in ("layers", "budget")}
-        clear_error(lambda: ReportSpec("r", parameters=spec_parameters), bad,
-                    [*accepted, "finite number"])
+    clear_error(lambda: notebook_inputs(**parameters), [parameters[broken]], accepted)
+    if broken == "case":  # the same check guards the report matrix
+        clear_error(lambda: ReportSpec("r", parameters={"case": parameters["case"]}),
+                    [parameters["case"]], [*accepted, "finite number"])
+
+
+def test_a_good_case_gives_the_workload_and_slice_it_names():
+    inputs = notebook_inputs(case=_case("wan2.1-t2v-14b", 1280, 720, 81, "v5e:4x4"), layers=2)
+    assert inputs.case.name == "wan2.1-t2v-14b@1280x720x81/v5e:4x4"
+    assert (inputs.workload.model, inputs.workload.width, inputs.workload.height,
+            inputs.workload.frames) == ("wan2.1-t2v-14b", 1280, 720, 81)
+    assert (inputs.topology.name, inputs.topology.num_devices) == ("v5e:4x4", 16)
+    assert (inputs.layers, inputs.budget) == (2, 20_000)
 
 
 @FUZZ

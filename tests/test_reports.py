@@ -17,6 +17,7 @@ import pytest
 from browser import CHROMIUM, chromium, js_errors
 from nbformat.v4 import new_code_cell, new_notebook, new_output
 
+from aoizora_lab.cases import parse_case
 from aoizora_lab.cli import main
 from aoizora_lab.errors import AoizoraError
 from aoizora_lab.notebook import RECORD_MIMETYPE, record
@@ -61,13 +62,19 @@ def reports(tmp_path_factory):
 def test_default_matrix_holds_the_three_documented_reports():
     specs = load_matrix(REPO / "data" / "reports.yaml")
     assert {spec.name: dict(spec.parameters) for spec in specs} == {
-        "wan-1.3b-480p-v5e-2x4": {"model": "wan2.1-t2v-1.3b", "size": [832, 480],
-                                  "frames": 81, "topology": "v5e:2x4"},
-        "wan-14b-720p-v5e-4x4": {"model": "wan2.1-t2v-14b", "size": [1280, 720],
-                                 "frames": 81, "topology": "v5e:4x4"},
-        "wan-14b-480p-v5e-2x4": {"model": "wan2.1-t2v-14b", "size": [832, 480],
-                                 "frames": 81, "topology": "v5e:2x4"},
+        "wan-1.3b-480p-v5e-2x4": {"case": "wan2.1-t2v-1.3b@832x480x81/v5e:2x4"},
+        "wan-14b-720p-v5e-4x4": {"case": "wan2.1-t2v-14b@1280x720x81/v5e:4x4"},
+        "wan-14b-480p-v5e-2x4": {"case": "wan2.1-t2v-14b@832x480x81/v5e:2x4"},
     }
+    cases = {spec.name: parse_case(spec.parameters["case"]) for spec in specs}
+    assert {name: (c.workload.model, c.workload.width, c.workload.height, c.workload.frames,
+                   c.slice_name) for name, c in cases.items()} == {
+        "wan-1.3b-480p-v5e-2x4": ("wan2.1-t2v-1.3b", 832, 480, 81, "v5e:2x4"),
+        "wan-14b-720p-v5e-4x4": ("wan2.1-t2v-14b", 1280, 720, 81, "v5e:4x4"),
+        "wan-14b-480p-v5e-2x4": ("wan2.1-t2v-14b", 832, 480, 81, "v5e:2x4"),
+    }
+    assert all(c.name == spec.parameters["case"] for c, spec in zip(cases.values(), specs,
+                                                                     strict=True))
     assert all(spec.notebooks == () for spec in specs)  # every numbered notebook
 
 
@@ -80,12 +87,17 @@ def test_default_matrix_holds_the_three_documented_reports():
     ("reports: [{name: a b}]", ["'a b'", "letters, digits"]),
     ("reports: [{name: a, notebooks: 01_x}]", ["list of names"]),
     ("reports: [{name: a, notebooks: [n1, n1.ipynb]}]", ["name one twice"]),
-    ("reports: [{name: a, parameters: {model: wan3}}]", ["'wan3'", "wan2.1-t2v-14b"]),
-    ("reports: [{name: a, parameters: {size: 832x480}}]", ["'832x480'", "[832, 480]"]),
-    ("reports: [{name: a, parameters: {model: wan2.1-t2v-14b, size: [830, 480]}}]",
+    ("reports: [{name: a, parameters: {case: 'wan3@832x480x81/v5e:2x4'}}]",
+     ["'wan3'", "wan2.1-t2v-14b"]),
+    ("reports: [{name: a, parameters: {case: 'wan2.1-t2v-14b@832x480x81'}}]",
+     ["'wan2.1-t2v-14b@832x480x81'", "WORKLOAD/SLICE"]),
+    ("reports: [{name: a, parameters: {case: [832, 480]}}]", ["[832, 480]", "case spec"]),
+    ("reports: [{name: a, parameters: {case: 'wan2.1-t2v-14b@830x480x81/v5e:2x4'}}]",
      ["830x480", "multiples of 16"]),
-    ("reports: [{name: a, parameters: {model: wan2.1-t2v-14b, frames: 80}}]", ["frames=80"]),
-    ("reports: [{name: a, parameters: {topology: 'v5e:3x3'}}]", ["'3x3'"]),
+    ("reports: [{name: a, parameters: {case: 'wan2.1-t2v-14b@832x480x80/v5e:2x4'}}]",
+     ["frames=80"]),
+    ("reports: [{name: a, parameters: {case: 'wan2.1-t2v-14b@832x480x81/v5e:3x3'}}]",
+     ["'3x3'"]),
     ("reports: [{name: a, parameters: {2x: 1}}]", ["'2x'", "Python variable"]),
     ("reports: [a, b", ["not valid YAML"]),
 ])

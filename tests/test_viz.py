@@ -1,4 +1,6 @@
-"""Figure builders: every directed link with the model's bytes, explorers, notebook display."""
+"""Figure builders: every directed link with the model's bytes, explorers, notebook display,
+and the stage results the notebooks show (exclusions, pruning verdicts, compiled traffic,
+ranking views)."""
 
 import json
 
@@ -8,10 +10,15 @@ import pytest
 
 import aoizora_lab as az
 from aoizora_lab import viz
+from aoizora_lab.candidates import Candidate, explain_candidates
 from aoizora_lab.comm_model import standard_collectives
-from aoizora_lab.hlo import CommProgram
-from aoizora_lab.placement import Placement
+from aoizora_lab.compile import CompiledCandidate, Compiles
+from aoizora_lab.cost import Predicted
+from aoizora_lab.hlo import CollectiveSite, CommProgram
+from aoizora_lab.ir_estimate import IREstimate
+from aoizora_lab.placement import Placement, RankedPlacement, Source
 from aoizora_lab.planner import breakdown
+from aoizora_lab.prune import PruneDecision, Pruning, Verdict
 from aoizora_lab.topology import MINUS, PLUS
 from aoizora_lab.viz.units import format_bytes, time_scale
 
@@ -357,3 +364,195 @@ def test_show_publishes_plotly_json_and_html_without_plotlyjs(monkeypatch):
     assert arrows["hovertext"] == list(_traces(fig, "links")[0].hovertext)
     assert arrows["customdata"][0][3] == pytest.approx(link_bytes[0, 0, PLUS])
     assert bundle["text/plain"] == f"<plotly figure: {fig.layout.title.text}>"
+
+
+# ---- what the notebooks show: stage results, their aggregations and charts -----------------
+
+def _space_1_3b_on_8_chips():
+    workload = az.Workload.parse("wan2.1-t2v-1.3b@832x480x81")
+    return explain_candidates(workload, az.Topology.simulated((2, 4), generation="v5e"))
+
+
+# Wan 2.1 1.3B (12 heads, 32,760 tokens: divisible by 8) on 8 chips. Role-degree tuples of
+# product 8 over (cfg, ulysses, ring, context, tp), each with fsdp off and on:
+# cfg 4 leaves 4 ways to place the other factor 2 (8 options), cfg 8 one way (2 options),
+# ulysses x tp = 8 takes all of the 8: (1, 8), (2, 4), (4, 2), (8, 1) (8 options), and only
+# tp8 with fsdp has no axis besides tp to shard over (1 option).
+EXPECTED_EXCLUSIONS = {
+    "cfg degree 4 > 2 passes per step": 8,
+    "12 heads not divisible by ulysses x tp = 8": 8,
+    "cfg degree 8 > 2 passes per step": 2,
+    "fsdp needs an axis besides tp to shard weights over": 1,
+}
+
+
+def test_exclusions_count_every_option_under_each_rule_it_breaks():
+    space = _space_1_3b_on_8_chips()
+    frame = space.exclusions()
+
+    assert list(frame.columns) == ["reason", "combinations", "examples"]
+    assert dict(zip(frame["reason"], frame["combinations"], strict=True)) == EXPECTED_EXCLUSIONS
+    assert list(frame["combinations"]) == sorted(frame["combinations"], reverse=True)
+    assert len(space) == 2 * 35  # C(3 + 4, 4) ways to spread 2^3 over 5 roles, fsdp off/on
+    examples = dict(zip(frame["reason"], frame["examples"], strict=True))
+    assert examples["fsdp needs an axis besides tp to shard weights over"] == "tp8-fsdp"
+    assert examples["cfg degree 8 > 2 passes per step"] == "cfg8, cfg8-fsdp"
+    assert len(examples["cfg degree 4 > 2 passes per step"].split(", ")) == 6  # first six
+
+
+def test_exclusion_chart_draws_a_bar_per_reason_heaviest_on_top():
+    space = _space_1_3b_on_8_chips()
+    fig = viz.exclusion_chart(space)
+
+    (bars,) = fig.data
+    assert dict(zip(bars.y, bars.x, strict=True)) == EXPECTED_EXCLUSIONS
+    assert EXPECTED_EXCLUSIONS[bars.y[-1]] == 8 and bars.y[0].startswith("fsdp")  # bottom-up
+    assert "e.g. tp8-fsdp" in bars.hovertext[0]
+    # cfg 4 and cfg 8 leave ulysses x tp <= 2: only tp8-fsdp breaks two rules.
+    invalid = 8 + 2 + 8 + 1 - 1
+    assert f"{invalid} of 70 combinations excluded, by 4 reasons" in fig.layout.title.subtitle.text
+
+
+def _estimate(name: str, estimate_s: float, lower_s: float) -> IREstimate:
+    return IREstimate(
+        candidate=name, flops=1e12, hbm_bytes=1e9, param_bytes=1e9,
+        largest_activation_bytes=1e8, memory_lower_bound_bytes=1.1e9, comm_bytes=2e9,
+        comm_bytes_by_axes={}, collectives=(), lower_bound_seconds=lower_s,
+        compute_lower_bound_seconds=lower_s, comm_lower_bound_seconds=0.0,
+        estimate_seconds=estimate_s, compute_estimate_seconds=estimate_s,
+        comm_estimate_seconds=0.0, trace_seconds=0.1, notes=())
+
+
+def test_pruning_scatter_colours_by_verdict_and_leaves_out_failed_traces():
+    rows = [("cfg2-uly4", Verdict.KEPT_BEST, 2.0, 1.5), ("cfg2-ring4", Verdict.KEPT_BEST, 2.1, 1.6),
+            ("uly8", Verdict.UNLIKELY, 3.0, 2.0), ("tp8", Verdict.CANNOT_WIN, 9.0, 5.0),
+            ("cfg2-tp4", Verdict.CANNOT_WIN, 8.0, 4.0)]
+    decisions = [PruneDecision(Candidate.from_name(name), verdict, verdict.value,
+                               _estimate(name, est, low), i)
+                 for i, (name, verdict, est, low) in enumerate(rows)]
+    decisions.append(PruneDecision(Candidate.from_name("ctx8"), Verdict.TRACE_FAILED,
+                                   "trace failed: boom", None, 5))
+    fig = viz.pruning_scatter(Pruning(decisions))
+
+    points = {t.name: t for t in fig.data if t.meta == "verdict"}
+    assert set(points) == {"kept: among the best estimates", "unlikely to win", "cannot win"}
+    cannot = points["cannot win"]
+    assert sorted(zip(cannot.x, cannot.y, strict=True)) == [(4.0, 8.0), (5.0, 9.0)]  # seconds
+    assert list(points["kept: among the best estimates"].y) == [2.0, 2.1]
+    assert points["kept: among the best estimates"].marker.symbol == "circle"
+    assert cannot.marker.symbol == "x" and "tp8" in "".join(cannot.hovertext)
+    assert sum(len(t.x) for t in points.values()) == 5  # the failed trace has no point
+    assert "ctx8" not in json.dumps(fig.to_plotly_json()["data"], default=str)
+    assert "2 kept of 5 traced; 1 trace failed" in fig.layout.title.subtitle.text
+
+
+def _site_program(rows, num_devices=8):
+    """A CommProgram from (kind, bytes, count, asynchronous) rows on 8 devices."""
+    collectives, sites = [], []
+    for i, (kind, size, count, asynchronous) in enumerate(rows):
+        groups = ([(d, (d + 1) % num_devices) for d in range(num_devices)]
+                  if kind == "collective-permute" else [tuple(range(num_devices))])
+        collectives.append(az.Collective(kind, groups, size, count=count, name=f"c{i}"))
+        sites.append(CollectiveSite((), "", asynchronous))
+    return CommProgram(tuple(collectives), num_devices, sites=tuple(sites))
+
+
+def _compiles() -> Compiles:
+    first = _site_program([("all-gather", 8e6, 3, True), ("all-gather", 2e6, 1, True),
+                           ("all-gather", 1e6, 2, False), ("all-to-all", 4e6, 5, False)])
+    second = _site_program([("collective-permute", 5e6, 4, True)])
+    return Compiles([
+        CompiledCandidate(Candidate.from_name("cfg2-ctx4-fsdp"), "ok", "", 1.0, program=first),
+        CompiledCandidate(Candidate.from_name("tp8"), "oom", "RESOURCE_EXHAUSTED", 1.0),
+        CompiledCandidate(Candidate.from_name("cfg2-ring4"), "ok", "", 1.0, program=second),
+    ])
+
+
+# GB per device per step, bytes x runs summed by hand from _compiles().
+EXPECTED_TRAFFIC = {
+    ("cfg2-ctx4-fsdp", "all-gather (async)"): (8e6 * 3 + 2e6) / 1e9,
+    ("cfg2-ctx4-fsdp", "all-gather (sync)"): 2e6 / 1e9,
+    ("cfg2-ctx4-fsdp", "all-to-all (sync)"): 20e6 / 1e9,
+    ("cfg2-ring4", "collective-permute (async)"): 20e6 / 1e9,
+}
+
+
+def test_compiles_traffic_sums_bytes_by_kind_and_schedule_of_ok_compiles():
+    traffic = _compiles().traffic()
+
+    assert list(traffic.columns) == ["candidate", "kind", "schedule", "collective", "gb"]
+    got = {(c, label): gb for c, label, gb in
+           zip(traffic["candidate"], traffic["collective"], traffic["gb"], strict=True)}
+    assert got.keys() == EXPECTED_TRAFFIC.keys()  # tp8 did not compile: no rows
+    for key, gb in EXPECTED_TRAFFIC.items():
+        assert got[key] == pytest.approx(gb), key
+    assert list(dict.fromkeys(traffic["candidate"])) == ["cfg2-ctx4-fsdp", "cfg2-ring4"]
+    assert set(traffic["schedule"]) == {"async", "sync"}
+
+
+def test_traffic_chart_stacks_each_candidate_and_hatches_the_asynchronous_part():
+    fig = viz.traffic_chart(_compiles())
+
+    totals: dict[str, float] = {}
+    for bar in fig.data:
+        assert (bar.marker.pattern.shape == "/") == bar.name.endswith("(async)"), bar.name
+        for candidate, gb in zip(bar.y, bar.x, strict=True):
+            totals[candidate] = totals.get(candidate, 0.0) + gb
+    assert totals == pytest.approx({"cfg2-ctx4-fsdp": 0.048, "cfg2-ring4": 0.020})
+    assert {bar.name for bar in fig.data} == {label for _, label in EXPECTED_TRAFFIC}
+    assert list(fig.layout.yaxis.categoryarray) == ["cfg2-ring4", "cfg2-ctx4-fsdp"]
+
+
+def _ranked(topo):
+    program = CommProgram(tuple(_collectives()), 16)
+    candidate = Candidate.from_name("cfg2-uly8")
+    same = "local search from: structured: cfg on x:2 | ulysses on y:4,x:2 (and more)"
+    entries = [RankedPlacement(candidate, Placement(_placement(topo, seed).order, same),
+                               Predicted(1.0, 0.1 * seed, 1.0 + 0.1 * seed), Source.LOCAL_SEARCH)
+               for seed in range(3)]
+    return entries, {candidate.name: program}
+
+
+def test_ranking_views_give_each_ranked_placement_its_own_estimate():
+    topo = az.Topology.simulated((4, 4), wrap=(True, True))
+    entries, programs = _ranked(topo)
+    views, users = viz.ranking_views(entries, programs, topo)
+
+    assert len(views) == 3 and list(views) == list(users)  # same descriptions, distinct labels
+    assert [name.split(" ")[0] for name in views] == ["#1", "#2", "#3"]
+    for entry, data in zip(entries, views.values(), strict=True):
+        np.testing.assert_allclose(data, az.estimate(_collectives(), topo,
+                                                     entry.placement).link_bytes)
+    first = next(iter(users.values()))
+    link, pairs = next(iter(first.items()))
+    assert sum(b for _, b in pairs) == pytest.approx(views[next(iter(views))][link])
+    with pytest.raises(az.AoizoraError, match="No compiled program for 'cfg2-uly8'"):
+        viz.ranking_views(entries, {}, topo)
+
+
+def test_heaviest_collective_views_pick_the_slowest_collectives():
+    topo = az.Topology.simulated((4, 4), wrap=(True, True))
+    placement = _placement(topo)
+    collectives = _collectives()
+    alone = {c.name or c.kind: az.estimate([c], topo, placement) for c in collectives}
+    slowest = sorted(alone, key=lambda name: -alone[name].seconds)[:2]
+    views = viz.heaviest_collective_views(CommProgram(tuple(collectives), 16), topo, placement,
+                                          top=2, prefix="winner")
+
+    assert list(views) == [f"winner · {name}" for name in slowest]
+    for name in slowest:
+        np.testing.assert_allclose(views[f"winner · {name}"], alone[name].link_bytes)
+
+
+def test_ranking_collective_views_key_every_placement_and_collective():
+    topo = az.Topology.simulated((4, 4), wrap=(True, True))
+    entries, programs = _ranked(topo)
+    views = viz.ranking_collective_views(entries, programs, topo, collectives=3)
+
+    assert len(views) == 3 * 3
+    keys = list(views)
+    assert keys[0][0] == "cfg2-uly8" and keys[0][1].startswith("#1 local search")
+    assert [k[2] for k in keys[:3]] == ["all collectives", "ag", "ar"]
+    np.testing.assert_allclose(views[keys[3]], az.estimate(_collectives(), topo,
+                                                           entries[1].placement).link_bytes)
+    viz.heatmap_explorer_widget(topo, views)  # the widget takes them as they are

@@ -1,8 +1,9 @@
 """Figures for notebooks and HTML reports: pure builders returning plotly figures.
 
 Every builder takes library values (a :class:`~aoizora_lab.Topology`, ``CommEstimate``
-link bytes, the planner's DataFrames) and returns a ``plotly.graph_objects.Figure``; nothing
-here computes a plan, prints or writes files. In a notebook, display figures with
+link bytes, a stage's typed result such as a ``CandidateSpace``, ``Pruning`` or ``Compiles``,
+or a stage's ``.to_frame()``) and returns a ``plotly.graph_objects.Figure``; nothing here
+computes a plan, prints or writes files. In a notebook, display figures with
 :func:`show` (not ``fig.show()``), which keeps them visible both in JupyterLab and in the
 exported HTML reports::
 
@@ -11,7 +12,13 @@ exported HTML reports::
     viz.show(viz.torus_heatmap(topo, link_bytes, collectives_by_link=users))
 """
 
-from aoizora_lab.viz.charts import collective_breakdown, ranking_scatter
+from aoizora_lab.viz.charts import (
+    collective_breakdown,
+    exclusion_chart,
+    pruning_scatter,
+    ranking_scatter,
+    traffic_chart,
+)
 from aoizora_lab.viz.display import display_bundle, show
 from aoizora_lab.viz.explorer import (
     HeatmapExplorer,
@@ -23,7 +30,10 @@ from aoizora_lab.viz.loads import (
     LinkKey,
     collective_names,
     collective_views,
+    heaviest_collective_views,
     link_bytes_by_collective,
+    ranking_collective_views,
+    ranking_views,
 )
 from aoizora_lab.viz.torus import heatmap_comparison, torus_heatmap
 
@@ -35,11 +45,17 @@ __all__ = [
     "collective_names",
     "collective_views",
     "display_bundle",
+    "exclusion_chart",
     "heatmap_comparison",
     "heatmap_explorer_figure",
     "heatmap_explorer_widget",
+    "heaviest_collective_views",
     "link_bytes_by_collective",
+    "pruning_scatter",
+    "ranking_collective_views",
     "ranking_scatter",
+    "ranking_views",
     "show",
     "torus_heatmap",
+    "traffic_chart",
 ]

@@ -1,22 +1,35 @@
-"""Charts of the planner's tables: where communication time goes, and how plans rank.
+"""Charts of the pipeline's results: why candidates drop out, where communication goes, and
+how plans rank.
 
-:func:`collective_breakdown` reads ``planner.breakdown()``'s frame and shows time per
-collective as horizontal bars, heaviest on top, stacked by kind; collectives below
-``min_share`` of the total, or past the ``top`` heaviest, are merged into one "other" bar
-so a program with 200 collectives still reads at a glance. Example: 3 all-gathers of 400,
-300 and 1 µs with ``min_share=0.01`` give bars for the two large ones and "other
-(1 collective)". :func:`ranking_scatter` reads ``PlanResult.placements`` and plots each
-(candidate, placement) at its compute and communication time, best starred.
+- :func:`exclusion_chart` reads a :class:`~aoizora_lab.candidates.CandidateSpace` and draws
+  its :meth:`~aoizora_lab.candidates.CandidateSpace.exclusions`: one bar per exclusion reason,
+  the combinations it rules out.
+- :func:`pruning_scatter` reads a :class:`~aoizora_lab.prune.Pruning` and plots every traced
+  candidate at its IR lower bound and estimate, coloured by its
+  :class:`~aoizora_lab.prune.Verdict`.
+- :func:`traffic_chart` reads a :class:`~aoizora_lab.compile.Compiles` and stacks each compiled
+  candidate's collective bytes by kind and schedule (:meth:`~aoizora_lab.compile.Compiles.
+  traffic`).
+- :func:`collective_breakdown` reads the frame of :func:`aoizora_lab.cost.breakdown` (also
+  ``Plan.breakdown``) and shows time per collective as horizontal bars, heaviest on top,
+  stacked by kind; collectives below ``min_share`` of the total, or past the ``top``
+  heaviest, are merged into one "other" bar so a program with 200 collectives still reads at
+  a glance. Example: 3 all-gathers of 400, 300 and 1 µs with ``min_share=0.01`` give bars for
+  the two large ones and "other (1 collective)".
+- :func:`ranking_scatter` reads ``PlanResult.ranking.to_frame()`` and plots each (candidate,
+  placement) at its compute and communication time, best starred.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import pandas as pd
 import plotly.graph_objects as go
 
 from aoizora_lab.errors import AoizoraError
+from aoizora_lab.prune import Verdict
 from aoizora_lab.viz.units import format_bytes, format_seconds, time_scale
 
 # Tableau 10 hues: distinct for common colour-vision deficiencies, stable across figures.
@@ -29,6 +42,21 @@ KIND_COLORS = {
 }
 OTHER_COLOR = "#9D9D9D"
 MAX_LISTED = 5  # collectives named in the hover of a merged bar
+VERDICT_COLORS = {
+    Verdict.KEPT_BEST: "#54A24B",
+    Verdict.KEPT: "#88D27A",
+    Verdict.OVER_HBM: "#E45756",
+    Verdict.CANNOT_WIN: "#F58518",
+    Verdict.UNLIKELY: "#ECA82C",
+    Verdict.OVER_BUDGET: "#9D755D",
+    Verdict.TRACE_FAILED: OTHER_COLOR,
+}
+"""One colour per pruning verdict: greens kept, warm hues dropped."""
+
+if TYPE_CHECKING:
+    from aoizora_lab.candidates import CandidateSpace
+    from aoizora_lab.compile import Compiles
+    from aoizora_lab.prune import Pruning
 
 
 def collective_breakdown(
@@ -41,7 +69,7 @@ def collective_breakdown(
 ) -> go.Figure:
     """Horizontal bars of communication time per ``by`` value (collective, or e.g. ``loop``).
 
-    ``frame`` has ``planner.breakdown()``'s columns (``collective``, ``kind``, ``count``,
+    ``frame`` has :func:`aoizora_lab.cost.breakdown`'s columns (``collective``, ``kind``, ``count``,
     ``group_size``, ``seconds``, ``busiest_link``, ``busiest_bytes``); only ``by`` and
     ``seconds`` are required. Bars are stacked by ``kind`` when the column exists; the
     ``top`` heaviest bars holding at least ``min_share`` of the total stay, the rest merge into
@@ -94,7 +122,7 @@ def ranking_scatter(
 ) -> go.Figure:
     """Compute vs communication (or total) time of every ranked (candidate, placement).
 
-    ``frame`` has ``PlanResult.placements``' columns (``candidate``, ``placement``,
+    ``frame`` has ``PlanResult.ranking.to_frame()``'s columns (``candidate``, ``placement``,
     ``description``, ``source``, ``compute_s``, ``comm_s``, ``total_s``); ``description`` and
     ``source`` are optional. One colour per candidate, in order of its best total; the row with
     the lowest ``total_s`` gets a star. ``y="total_s"`` plots predicted step time instead.
@@ -138,12 +166,122 @@ def ranking_scatter(
     return fig
 
 
+def exclusion_chart(space: CandidateSpace, *, title: str | None = None) -> go.Figure:
+    """Horizontal bars: how many combinations each exclusion reason rules out, most on top.
+
+    ``space`` is :func:`~aoizora_lab.candidates.explain_candidates`' result; the bars are its
+    :meth:`~aoizora_lab.candidates.CandidateSpace.exclusions` (an option breaking several rules
+    counts under each), the hover lists example names. A space with every option valid gives
+    an empty chart that says so.
+    """
+    reasons = space.exclusions()
+    invalid = sum(1 for option in space if not option.valid)
+    bars = reasons.iloc[::-1]  # plotly draws categories bottom-up: heaviest on top
+    fig = go.Figure(go.Bar(
+        orientation="h", x=bars["combinations"].tolist(), y=bars["reason"].tolist(),
+        hovertext=[f"<b>{r}</b><br>{n} combination{'s' if n != 1 else ''}<br>e.g. {e}"
+                   for r, n, e in zip(bars["reason"], bars["combinations"], bars["examples"],
+                                      strict=True)],
+        hovertemplate="%{hovertext}<extra></extra>", marker={"color": KIND_COLORS["all-reduce"]},
+        name="excluded"))
+    fig.update_layout(
+        title={"text": title or "Why combinations were excluded",
+               "subtitle": {"text": f"{invalid} of {len(space)} combinations excluded, by "
+                                    f"{len(reasons)} reason{'s' if len(reasons) != 1 else ''}"
+                                    if invalid else "every combination is valid"}},
+        template="plotly_white", xaxis_title="combinations", yaxis={"title": None},
+        height=160 + 32 * max(1, len(reasons)), margin={"t": 90, "l": 20})
+    return fig
+
+
+def pruning_scatter(pruning: Pruning, *, title: str | None = None) -> go.Figure:
+    """IR estimate vs lower bound of every traced candidate, one colour per verdict.
+
+    ``pruning`` is :func:`~aoizora_lab.prune.prune`'s result. Each point is a candidate at its
+    lower bound (x) and estimate (y), coloured and named by its
+    :class:`~aoizora_lab.prune.Verdict`; kept candidates are circles, dropped ones crosses; the
+    hover gives the reason. A dotted line marks estimate = lower bound (no point lies below
+    it). Candidates whose trace failed have no figures and are only counted in the subtitle.
+    """
+    traced = [d for d in pruning if d.estimate is not None]
+    largest = max((max(d.estimate.estimate_seconds, d.estimate.lower_bound_seconds)
+                   for d in traced), default=0.0)
+    factor, unit = time_scale(largest)
+    traces = []
+    for verdict in Verdict:
+        mine = [d for d in traced if d.verdict is verdict]
+        if not mine:
+            continue
+        traces.append(go.Scatter(
+            x=[d.estimate.lower_bound_seconds * factor for d in mine],
+            y=[d.estimate.estimate_seconds * factor for d in mine],
+            mode="markers", name=verdict.value, meta="verdict",
+            hovertext=[_decision_hover(d) for d in mine],
+            hovertemplate="%{hovertext}<extra></extra>",
+            marker={"size": 11, "color": VERDICT_COLORS[verdict], "opacity": 0.9,
+                    "symbol": "circle" if verdict.keep else "x",
+                    "line": {"width": 0.5, "color": "#333"}}))
+    if traced:
+        traces.append(go.Scatter(
+            x=[0, largest * factor], y=[0, largest * factor], mode="lines",
+            name="estimate = lower bound", meta="diagonal", hoverinfo="skip",
+            line={"dash": "dot", "color": OTHER_COLOR, "width": 1}))
+    failed = len(pruning) - len(traced)
+    kept = sum(1 for d in pruning if d.verdict.keep)
+    fig = go.Figure(traces)
+    fig.update_layout(
+        title={"text": title or "IR estimate vs lower bound per candidate",
+               "subtitle": {"text": f"{kept} kept of {len(traced)} traced"
+                                    + (f"; {failed} trace{'s' if failed != 1 else ''} failed "
+                                       "(not shown)" if failed else "")}},
+        template="plotly_white", legend_title_text="verdict", height=480,
+        xaxis={"title": f"lower bound ({unit})", "rangemode": "tozero"},
+        yaxis={"title": f"estimate ({unit})", "rangemode": "tozero"}, margin={"t": 90})
+    return fig
+
+
+def traffic_chart(compiled: Compiles, *, title: str | None = None) -> go.Figure:
+    """Collective GB per device per step of each compiled candidate, stacked by kind and
+    schedule.
+
+    ``compiled`` is :func:`~aoizora_lab.compile.compile_candidates`' result; the bars are its
+    :meth:`~aoizora_lab.compile.Compiles.traffic`: one bar per ``ok`` candidate (compile order,
+    top to bottom), one segment per collective kind, hatched where the compiler scheduled it
+    asynchronously (it may hide behind compute), solid where it is synchronous.
+    """
+    traffic = compiled.traffic()
+    candidates = list(dict.fromkeys(traffic["candidate"]))
+    traces = []
+    for (kind, schedule), part in traffic.groupby(["kind", "schedule"], sort=True):
+        traces.append(go.Bar(
+            orientation="h", name=f"{kind} ({schedule})", meta=schedule,
+            x=part["gb"].tolist(), y=part["candidate"].tolist(),
+            hovertext=[f"<b>{c}</b><br>{kind} ({schedule}): {format_bytes(gb * 1e9)} per "
+                       "device per step" for c, gb in zip(part["candidate"], part["gb"],
+                                                          strict=True)],
+            hovertemplate="%{hovertext}<extra></extra>",
+            marker={"color": KIND_COLORS.get(kind, OTHER_COLOR),
+                    "pattern": {"shape": "/" if schedule == "async" else ""}}))
+    fig = go.Figure(traces)
+    fig.update_layout(
+        title={"text": title or "Collective bytes per device per step (compiled HLO)",
+               "subtitle": {"text": f"{len(candidates)} compiled candidate"
+                                    f"{'s' if len(candidates) != 1 else ''}; hatched: "
+                                    "asynchronous (may hide behind compute)"}},
+        barmode="stack", template="plotly_white", legend_title_text="collective",
+        xaxis_title="GB per device per step",
+        yaxis={"categoryorder": "array", "categoryarray": candidates[::-1], "title": None},
+        height=180 + 30 * max(1, len(candidates)), margin={"t": 90})
+    return fig
+
+
 def _require(frame: pd.DataFrame, columns: Sequence[str], who: str) -> None:
     missing = [c for c in columns if c not in frame.columns]
     if missing:
         raise AoizoraError(
             f"{who} needs columns {missing} that the frame lacks (it has "
-            f"{list(frame.columns)}); pass planner.breakdown() or PlanResult.placements."
+            f"{list(frame.columns)}); pass aoizora_lab.cost.breakdown(...) or "
+            "PlanResult.ranking.to_frame()."
         )
 
 
@@ -187,3 +325,13 @@ def _rank_hover(row: pd.Series, rank: int, total: int) -> str:
               f"communication: {format_seconds(float(row['comm_s']))}",
               f"predicted step: {format_seconds(float(row['total_s']))}"]
     return "<br>".join(lines)
+
+
+def _decision_hover(decision) -> str:  # a PruneDecision with an estimate
+    e = decision.estimate
+    return "<br>".join([
+        f"<b>{decision.candidate.name}</b> · {decision.verdict.value}",
+        f"estimate: {format_seconds(e.estimate_seconds)}",
+        f"lower bound: {format_seconds(e.lower_bound_seconds)}",
+        f"communication: {format_bytes(e.comm_bytes)} per device",
+        decision.reason])

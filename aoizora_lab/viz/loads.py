@@ -5,18 +5,29 @@ one's per-link bytes in ``CommEstimate.parts``; these helpers regroup those part
 (which collectives use this link, and how much?) or by collective (what does this one
 collective put on every link?). Example: an all-gather ``"ag"`` over rows and an all-reduce
 ``"ar"`` over columns of a 4x4 slice share no link, so every link lists exactly one of them.
+
+The explorers' views come from here too: :func:`ranking_views` (one view per ranked placement,
+for :func:`~aoizora_lab.viz.heatmap_explorer_figure`), :func:`heaviest_collective_views` (a
+program's heaviest collectives) and :func:`ranking_collective_views` ((candidate, placement,
+collective) keys for :func:`~aoizora_lab.viz.heatmap_explorer_widget`), each built from the
+entries of a :class:`~aoizora_lab.placement.Ranking`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from typing import Any
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from aoizora_lab.comm_model import Collective, ModelOptions, estimate
+from aoizora_lab.errors import AoizoraError
 from aoizora_lab.hardware import ChipSpec
 from aoizora_lab.topology import Topology
+
+if TYPE_CHECKING:
+    from aoizora_lab.hlo import CommProgram
+    from aoizora_lab.placement import RankedPlacement
 
 LinkKey = tuple[int, int, int]
 """(source chip, axis, direction) of a directed link: an index into a link-bytes array."""
@@ -86,6 +97,86 @@ def collective_views(
     views.update(zip(collective_names(collectives), (p.link_bytes for p in result.parts),
                      strict=True))
     return views
+
+
+def heaviest_collective_views(
+    program_or_collectives: Any,
+    topology: Topology,
+    placement: Sequence[int] | np.ndarray | None = None,
+    *,
+    top: int = 4,
+    prefix: str = "",
+) -> dict[str, np.ndarray]:
+    """Link bytes of the ``top`` collectives that take longest on ``placement``, slowest first.
+
+    Keys are the collectives' labels (:func:`collective_names`), after ``prefix`` and `` · ``
+    when ``prefix`` is given: ``heaviest_collective_views(best.program, topo, best.placement,
+    prefix="winner")`` -> ``{"winner · all-to-all.3": ..., ...}``.
+    """
+    collectives = _collective_list(program_or_collectives)
+    result = estimate(collectives, topology, placement)
+    parts = sorted(zip(collective_names(collectives), result.parts, strict=True),
+                   key=lambda named: -named[1].seconds)[:top]
+    lead = f"{prefix} · " if prefix else ""
+    return {f"{lead}{name}": part.link_bytes for name, part in parts}
+
+
+def ranking_views(
+    entries: Iterable[RankedPlacement],
+    programs: Mapping[str, CommProgram],
+    topology: Topology,
+    *,
+    width: int = 60,
+) -> tuple[dict[str, np.ndarray], dict[str, CollectivesByLink]]:
+    """One view per ranked placement: its program's link bytes and the collectives per link.
+
+    ``entries`` are :class:`~aoizora_lab.placement.RankedPlacement` values (e.g.
+    ``result.ranking[:4]``), ``programs`` the compiled program of each candidate by name
+    (``PlanResult.programs``). Views are labelled ``"#rank candidate · placement"`` (the
+    placement's description cut to ``width`` characters), so two placements never share a
+    label. Returns ``(views, collectives_by_view)`` for
+    :func:`~aoizora_lab.viz.heatmap_explorer_figure`.
+    """
+    views: dict[str, np.ndarray] = {}
+    users: dict[str, CollectivesByLink] = {}
+    for rank, entry in enumerate(entries, start=1):
+        name = f"#{rank} {entry.candidate.name} · {entry.placement.description[:width]}"
+        views[name], users[name] = link_bytes_by_collective(
+            _program(programs, entry), topology, entry.placement)
+    return views, users
+
+
+def ranking_collective_views(
+    entries: Iterable[RankedPlacement],
+    programs: Mapping[str, CommProgram],
+    topology: Topology,
+    *,
+    collectives: int = 6,
+    width: int = 60,
+) -> dict[tuple[str, str, str], np.ndarray]:
+    """``(candidate, placement, collective) -> link bytes`` of every ranked placement.
+
+    For each entry: the whole program (``"all collectives"``) and then its collectives in
+    program order, ``collectives`` views in all (see :func:`collective_views`). The placement
+    level is ``"#rank description"`` (cut to ``width`` characters). Feeds
+    :func:`~aoizora_lab.viz.heatmap_explorer_widget`.
+    """
+    views: dict[tuple[str, str, str], np.ndarray] = {}
+    for rank, entry in enumerate(entries, start=1):
+        loads = collective_views(_program(programs, entry), topology, entry.placement)
+        label = f"#{rank} {entry.placement.description[:width]}"
+        for collective, data in list(loads.items())[:collectives]:
+            views[(entry.candidate.name, label, collective)] = data
+    return views
+
+
+def _program(programs: Mapping[str, Any], entry: Any) -> Any:
+    try:
+        return programs[entry.candidate.name]
+    except KeyError:
+        raise AoizoraError(
+            f"No compiled program for {entry.candidate.name!r}; programs: {sorted(programs)} "
+            "(pass PlanResult.programs with entries of PlanResult.ranking).") from None
 
 
 def _collective_list(program_or_collectives: Any) -> list[Collective]:
