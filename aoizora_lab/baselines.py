@@ -30,13 +30,13 @@ from aoizora_lab.candidates import Candidate, default_attention, explain_candida
 from aoizora_lab.compile import CompiledCandidate
 from aoizora_lab.cost import breakdown, predict
 from aoizora_lab.errors import AoizoraError
-from aoizora_lab.ir_estimate import IRCacheDir, estimate_ir
 from aoizora_lab.placement import (
     Placement,
     create_device_mesh_order,
     make_mesh_order,
     plain_order,
 )
+from aoizora_lab.prune import Pruning
 from aoizora_lab.realize import Plan
 from aoizora_lab.records import Records
 from aoizora_lab.topology import Topology
@@ -60,16 +60,20 @@ def maxdiffusion(workload: Workload, topology: Topology) -> tuple[Candidate, Pla
     return candidate, create_device_mesh_order(candidate.mesh_shape, topology)
 
 
-def xdit_usp(workload: Workload, topology: Topology, *,
-             ir_cache_dir: IRCacheDir = None) -> tuple[Candidate, Placement]:
-    """Best Ulysses x ring (no CFG parallelism) by IR estimate, plain device order."""
-    usp = [c for c in explain_candidates(workload, topology).valid
-           if all(c.degree(role) == 1 for role in ("cfg", "context", "tp"))]
+def xdit_usp(workload: Workload, topology: Topology, pruning: Pruning
+             ) -> tuple[Candidate, Placement]:
+    """Best Ulysses x ring (no CFG parallelism) by IR estimate, plain device order.
+
+    The estimates are pruning's (every valid candidate was traced there); a split whose trace
+    failed is skipped, ties go to the first in enumeration order."""
+    usp = [d for c in explain_candidates(workload, topology).valid
+           if all(c.degree(role) == 1 for role in ("cfg", "context", "tp"))
+           and (d := pruning.decision(c.name)).estimate is not None]
     if not usp:
-        raise AoizoraError(f"No valid Ulysses x ring split of {workload.name} on {topology.name}.")
-    best = min(usp, key=lambda c: estimate_ir(c, workload, topology,
-                                              cache_dir=ir_cache_dir).estimate_seconds)
-    return best, plain_order(topology)
+        raise AoizoraError(f"No valid Ulysses x ring split of {workload.name} on {topology.name} "
+                           "whose IR trace succeeded.")
+    best = min(usp, key=lambda d: d.estimate.estimate_seconds)
+    return best.candidate, plain_order(topology)
 
 
 class Status(enum.Enum):
@@ -118,6 +122,9 @@ class Baselines(Records[BaselineOutcome]):
         super().__init__(items)
         self.plan_s = plan_s
 
+    def __contains__(self, name: object) -> bool:
+        return any(o.name == name for o in self)
+
     def __getitem__(self, index: Any) -> Any:
         if isinstance(index, str):
             for outcome in self:
@@ -152,19 +159,20 @@ Compile = Callable[[list[Candidate]], Sequence[CompiledCandidate]]
 
 
 def score_baselines(workload: Workload, topology: Topology, planned: Candidate,
-                    compiled: Mapping[str, CompiledCandidate], compile: Compile, *,
-                    ir_cache_dir: IRCacheDir = None
-                    ) -> tuple[Baselines, list[CompiledCandidate]]:
+                    pruning: Pruning, compiled: Mapping[str, CompiledCandidate],
+                    compile: Compile) -> tuple[Baselines, list[CompiledCandidate]]:
     """Build every baseline, compile what ``compiled`` (by candidate name) lacks, price each.
 
     ``planned`` is the candidate of the search's best plan (the ``jax-default`` ablation
-    places it). Returns the outcomes and the compiles this added.
+    places it); ``pruning`` holds the IR estimates ``xdit-usp`` picks its split by. Returns
+    the outcomes and the compiles this added. A new baseline needs a builder here and its
+    name in :data:`BASELINES`.
     """
     compiled = dict(compiled)
     ok = [r for r in compiled.values() if r.status == "ok"]
     builders: dict[str, Callable[[], tuple[Candidate, Placement]]] = {
         "maxdiffusion": lambda: maxdiffusion(workload, topology),
-        "xdit-usp": lambda: xdit_usp(workload, topology, ir_cache_dir=ir_cache_dir),
+        "xdit-usp": lambda: xdit_usp(workload, topology, pruning),
         "jax-default": lambda: (planned, make_mesh_order(planned.mesh_shape,
                                                          planned.axis_names, topology)),
         "logical-only": lambda: (min(ok, key=lambda r: predict(

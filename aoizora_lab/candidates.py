@@ -287,7 +287,7 @@ def explain_candidates(workload: Workload, topology: Topology, *, allow_padding:
         for fsdp in (False, True):
             reasons = _exclusions(by_role, fsdp, workload, cfg, allow_padding)
             candidate, weights = None, math.nan
-            if not any(r.startswith("fsdp") for r in reasons):
+            if not (fsdp and _nothing_to_shard_over(by_role)):
                 candidate = Candidate.from_degrees(by_role, fsdp=fsdp, attention=attention)
                 weights = candidate.weight_bytes_per_device(cfg, dtype)
                 if weights > usable:
@@ -297,6 +297,11 @@ def explain_candidates(workload: Workload, topology: Topology, *, allow_padding:
             options.append(CandidateOption(tuple(by_role.items()), fsdp, candidate, weights,
                                            tuple(reasons)))
     return CandidateSpace(options)
+
+
+def _nothing_to_shard_over(degrees: dict[str, int]) -> bool:
+    """No axis besides tp: fsdp would have no axis to shard the weights over."""
+    return all(d == 1 for role, d in degrees.items() if role != "tp")
 
 
 def _exclusions(degrees: dict[str, int], fsdp: bool, workload: Workload, cfg: WanConfig,
@@ -312,7 +317,7 @@ def _exclusions(degrees: dict[str, int], fsdp: bool, workload: Workload, cfg: Wa
         padding = -workload.tokens % sequence
         reasons.append(f"{workload.tokens:,} tokens not divisible by sequence degree "
                        f"{sequence} (would pad {padding})")
-    if fsdp and all(d == 1 for role, d in degrees.items() if role != "tp"):
+    if fsdp and _nothing_to_shard_over(degrees):
         reasons.append("fsdp needs an axis besides tp to shard weights over")
     return reasons
 

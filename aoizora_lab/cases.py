@@ -16,6 +16,9 @@ from aoizora_lab.errors import AoizoraError
 from aoizora_lab.topology import Topology, parse_slice_name
 from aoizora_lab.workload import Workload
 
+CASE_SPEC = "MODEL@WIDTHxHEIGHT[xFRAMES][-nocfg][-textN]/SLICE"
+"""The grammar of a case spec, for help texts and errors."""
+
 
 @dataclass(frozen=True)
 class Case:
@@ -44,7 +47,7 @@ def parse_case(spec: str | Case) -> Case:
     if not sep or not workload:
         raise AoizoraError(
             f"Case {spec!r} must be WORKLOAD/SLICE, e.g. 'wan2.1-t2v-14b@1280x720x81/v5e:4x4' "
-            "(WORKLOAD: MODEL@WIDTHxHEIGHT[xFRAMES][-nocfg]; SLICE: GENERATION:SHAPE).")
+            f"({CASE_SPEC}; SLICE: GENERATION:SHAPE).")
     try:
         generation, shape = parse_slice_name(slice_name)
         return Case(Workload.parse(workload),

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from aoizora_lab.cases import parse_case
+from aoizora_lab.cases import CASE_SPEC, parse_case
 from aoizora_lab.comm_model import compare_placements, standard_collectives
 from aoizora_lab.errors import AoizoraError
 from aoizora_lab.hardware import chip_spec
@@ -163,8 +163,8 @@ def _bench_command(args: argparse.Namespace) -> int:
     return 0
 
 
-CASE_HELP = ("workload on a slice, MODEL@WIDTHxHEIGHT[xFRAMES][-nocfg]/SLICE, e.g. "
-             "wan2.1-t2v-14b@1280x720x81/v5e:4x4 (480p / 720p name a size)")
+CASE_HELP = (f"workload on a slice, {CASE_SPEC}, e.g. wan2.1-t2v-14b@1280x720x81/v5e:4x4 "
+             "(480p / 720p name a size)")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -130,6 +130,13 @@ class CommProgram:
                     for f, b, runs, outer in self.ops)
         return dataclasses.replace(self, collectives=collectives, sites=sites, ops=ops)
 
+    def signature(self) -> list[tuple[str, float, int, int, int]]:
+        """(kind, bytes, count, group size, number of groups) of every collective, sorted: two
+        programs with the same signature run the same collectives, whatever their order or
+        names (e.g. a realised plan's compile against the program it was scored with)."""
+        return sorted((c.kind, float(c.bytes), int(c.count), len(c.groups[0]), len(c.groups))
+                      for c in self.collectives)
+
     @property
     def total_bytes(self) -> float:
         """Result bytes on one device of every collective, times its runs."""

@@ -12,9 +12,10 @@ contract::
   by at least one of its notebooks, so a typo in the matrix fails before anything runs instead
   of silently leaving a default in place. Values are JSON-like. The workload and the slice
   are one parameter, ``case = "wan2.1-t2v-1.3b@832x480x81/v5e:2x4"`` (the case spec of
-  :func:`aoizora_lab.cases.parse_case`: ``MODEL@WIDTHxHEIGHT[xFRAMES]/SLICE``); notebooks
-  that compile add ``layers`` and ``budget``. :func:`notebook_inputs` checks them and builds
-  the library values (case, workload, topology, layers, budget).
+  :func:`aoizora_lab.cases.parse_case`:
+  ``MODEL@WIDTHxHEIGHT[xFRAMES][-nocfg][-textN]/SLICE``); notebooks that compile add
+  ``layers`` and ``budget``. :func:`notebook_inputs` checks them and builds the library
+  values (case, workload, topology, layers, budget).
 - **Figures**: display plotly figures as HTML divs without plotly.js,
   ``display(HTML(fig.to_html(full_html=False, include_plotlyjs=False)))`` (what :func:`show`,
   i.e. ``aoizora_lab.viz.show(fig)``, does). Every page loads the shared plotly.js in its
@@ -61,11 +62,11 @@ def check_library_parameters(parameters: Mapping[str, Any]) -> None:
 
 
 def _parse_case(case: Any) -> Any:
-    from aoizora_lab.cases import parse_case
+    from aoizora_lab.cases import CASE_SPEC, parse_case
 
     if not isinstance(case, str):
         raise AoizoraError(
-            f"case={case!r} must be a case spec string MODEL@WIDTHxHEIGHTxFRAMES/SLICE, e.g. "
+            f"case={case!r} must be a case spec string {CASE_SPEC}, e.g. "
             f"{CASE_EXAMPLE!r}.")
     return parse_case(case)  # its errors quote the spec and name the bad part
 
@@ -91,7 +92,7 @@ class NotebookInputs:
 def notebook_inputs(*, case: Any, layers: Any = None, budget: Any = 20_000) -> NotebookInputs:
     """Check a notebook's parameters as papermill injected them and build the library values.
 
-    ``case`` is one case spec, ``MODEL@WIDTHxHEIGHT[xFRAMES]/SLICE`` (see
+    ``case`` is one case spec, ``MODEL@WIDTHxHEIGHT[xFRAMES][-nocfg][-textN]/SLICE`` (see
     :mod:`aoizora_lab.cases`). Example: ``notebook_inputs(case="wan2.1-t2v-14b@1280x720x81/"
     "v5e:4x4", layers=2)``. A bad value raises :class:`AoizoraError` naming it and what is
     accepted (papermill itself only warns).

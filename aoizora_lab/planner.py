@@ -123,8 +123,8 @@ def plan(workload: Workload, topology: Topology, *, keep: int = 3, budget: int =
     program = by_name[top.candidate.name].program
     searched = Plan(workload, topology, top.candidate, top.placement, top.predicted, program,
                     breakdown(program, topology, top.placement))
-    baselines, added = score_baselines(workload, topology, searched.candidate, by_name,
-                                       compile, ir_cache_dir=ir_cache_dir)
+    baselines, added = score_baselines(workload, topology, searched.candidate, pruning,
+                                       by_name, compile)
     best = min([searched, *baselines.plans.values()], key=lambda p: p.predicted.total_s)
     stage("baselines")
     progress.close()

@@ -20,7 +20,7 @@ from pathlib import Path
 import pandas as pd
 
 from aoizora_lab.bench.report import case_argument
-from aoizora_lab.cases import Case, parse_case
+from aoizora_lab.cases import CASE_SPEC, Case, parse_case
 
 
 def survivors(case: Case | str, *, layers: int | None = None, workers: int = 2,
@@ -65,7 +65,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cases", nargs="+", metavar="CASE", type=case_argument,
                         default=["wan2.1-t2v-14b@1280x720x81/v5e:4x4"],
-                        help="case specs MODEL@WIDTHxHEIGHT[xFRAMES][-nocfg]/SLICE (default: "
+                        help=f"case specs {CASE_SPEC} (default: "
                              "wan2.1-t2v-14b@1280x720x81/v5e:4x4)")
     parser.add_argument("--layers", type=int, default=None,
                         help="fold: compile this many layers and scale the layer loop")

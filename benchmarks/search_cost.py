@@ -18,7 +18,7 @@ from collections.abc import Iterable
 
 from aoizora_lab.bench import SEARCH_COST_MATRIX, SearchCost, search_cost
 from aoizora_lab.bench.report import case_argument
-from aoizora_lab.cases import Case
+from aoizora_lab.cases import CASE_SPEC, Case
 
 
 def run(cases: Iterable[Case | str] = SEARCH_COST_MATRIX, *, num_layers: int | None = None,
@@ -33,7 +33,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cases", nargs="+", metavar="CASE", type=case_argument,
                         default=list(SEARCH_COST_MATRIX),
-                        help="case specs MODEL@WIDTHxHEIGHT[xFRAMES][-nocfg]/SLICE (default: "
+                        help=f"case specs {CASE_SPEC} (default: "
                              "wan2.1-t2v-14b@1280x720x81/v5e:4x4, the case the targets are "
                              "stated for)")
     parser.add_argument("--num-layers", type=int, default=None,

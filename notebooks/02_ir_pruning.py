@@ -83,8 +83,9 @@ viz.show(viz.pruning_scatter(pruning, title="IR estimate vs lower bound per cand
 # short, so the next notebook compiles the survivors and reads what the compiler really did.
 
 # %%
-best = next(d for d in pruning if d.verdict.keep)  # decisions run best estimate first
+# Decisions run best estimate first; nothing is kept only when nothing fits or traces.
+best = next((d for d in pruning if d.verdict.keep), None)
 record("traced_candidates", sum(d.verdict is not Verdict.TRACE_FAILED for d in pruning))
 record("kept_candidates", len(pruning.kept))
-record("best_estimate_candidate", best.candidate.name)
-record("best_estimate_s", best.estimate.estimate_seconds)
+record("best_estimate_candidate", best.candidate.name if best else None)
+record("best_estimate_s", best.estimate.estimate_seconds if best else None)

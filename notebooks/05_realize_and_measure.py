@@ -79,9 +79,7 @@ assert loaded.placement.order == best.placement.order
 
 # %%
 program = best.compiled_program(num_layers=inputs.layers)
-key = ["kind", "bytes", "count", "group_size", "num_groups"]
-realised = sorted(map(tuple, program.to_frame()[key].to_numpy()))
-scored = sorted(map(tuple, best.program.to_frame()[key].to_numpy()))
+realised, scored = program.signature(), best.program.signature()
 same = realised == scored
 display(Markdown(f"Realised plan's collectives {'match' if same else '**differ from**'} "
                  f"the scored program ({len(realised)} collectives)."))

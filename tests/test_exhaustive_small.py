@@ -29,6 +29,7 @@ def test_exhaustive_compile_and_rank_winner_survives_pruning():
         compute = estimate_ir(candidate, workload, topology).compute_estimate_seconds
         ranked[candidate.name] = compute + comm
     winner = min(ranked, key=ranked.get)
-    table = prune(candidates, workload, topology).set_index("candidate")
-    assert table.loc[winner, "keep"], (winner, table.loc[winner, "reason"])
-    assert table["keep"].sum() < len(candidates)
+    pruning = prune(candidates, workload, topology)
+    decision = pruning.decision(winner)
+    assert decision.verdict.keep, (winner, decision.reason)
+    assert len(pruning.kept) < len(candidates)

@@ -113,6 +113,7 @@ def test_a_plans_compiled_program_is_the_one_the_compile_sweep_scored(tmp_path):
         return sorted(map(tuple, program.to_frame()[ROWS].to_numpy()))
 
     assert rows(folded) == rows(swept.program) == rows(full)  # folding = the full depth
+    assert folded.signature() == swept.program.signature() == full.signature()
     assert folded.num_devices == 8 and any(c.kind == "all-to-all" for c in folded.collectives)
     # The layer loop runs 4 times per step: its collectives count 4x what one layer runs.
     assert max(c.count for c in folded.collectives) >= 4

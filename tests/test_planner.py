@@ -98,7 +98,8 @@ def test_compiling_the_realised_plan_gives_the_scored_collectives(tmp_path):
     best = result.best
     compiled = best.compile()
     program = parse_hlo(compiled.as_text())
-    key = ["kind", "bytes", "count", "group_size", "num_groups"]
+    assert program.signature() == best.program.signature()
+    key = ["kind", "bytes", "count", "group_size", "num_groups"]  # the same, through the frame
     assert sorted(map(tuple, program.to_frame()[key].to_numpy())) == sorted(
         map(tuple, best.program.to_frame()[key].to_numpy()))
 

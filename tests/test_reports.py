@@ -227,7 +227,7 @@ def test_pages_show_outputs_without_code_and_load_only_the_shared_plotly_js(repo
         assert len(page) < len(plotly_js) / 8  # plotly.js is not inlined
         assert 'href="../assets/notebook.css"' in head
         assert "Jupyter Development Team" not in page  # nor nbconvert's style sheet
-        assert "from aoizora_lab.reports import record" not in page  # no code cells
+        assert "from aoizora_lab.notebook import record" not in page  # no code cells
         assert "jp-InputPrompt jp-InputArea-prompt" not in page
         assert "recorded " not in page and RECORD_MIMETYPE not in page
         assert "celltag_parameters" not in page and "celltag_injected-parameters" not in page

@@ -96,8 +96,8 @@ class PlanQuality:
             markdown_table(latency),
             "What each baseline is (candidate and device order) and how it fared:",
             markdown_table(self.baselines.reindex(columns=[
-                "workload", "slice", "baseline", "candidate", "placement", "status",
-                "total_s", "speedup_of_plan"])),
+                "workload", "slice", "baseline", "ablation", "candidate", "placement", "status",
+                "total_s", "speedup_of_plan", "reason"])),
             "Speedup of the plan over each baseline (baseline latency / plan latency) and over "
             f"the best baseline of the case; target: at least {SPEEDUP_TARGET:g}x on one "
             "workload.",
@@ -171,10 +171,12 @@ def plan_quality(cases: Iterable[Case | str] = DEFAULT_MATRIX, *, num_layers: in
     baselines = pd.DataFrame(baseline_rows)
     config = {"num_layers": num_layers or "full depth", "budget": budget}
     return PlanQuality(summary, baselines, quality_targets(summary), config)
+
+
 def _quality_row(workload: Workload, topology: Topology, *, num_layers: int | None,
                  budget: int, cache_dir: str | Path | None, timeout_s: float,
                  baseline_rows: list[dict[str, Any]]) -> dict[str, Any]:
-    from aoizora_lab.cost import predict
+    from aoizora_lab.cost import predict, roofline_seconds
     from aoizora_lab.hardware import chip_spec
     from aoizora_lab.placement import make_mesh_order, plain_order
     from aoizora_lab.planner import plan
@@ -220,7 +222,7 @@ def _quality_row(workload: Workload, topology: Topology, *, num_layers: int | No
     flops = useful_flops(workload, best.candidate.attention)
     row["useful_tflops"] = flops / 1e12
     row["plan_tflops"] = best.program.flops * best.candidate.num_devices / 1e12
-    row["roofline_s"] = flops / (topology.num_chips * chip.peak_bf16_flops)
+    row["roofline_s"] = roofline_seconds(flops / topology.num_chips, 0.0, chip)
     row["roofline_ratio"] = plan_s / row["roofline_s"] if row["roofline_s"] > 0 else math.nan
     compute_bound = best.predicted.compute_s >= best.predicted.comm_s
     row["bound"] = "compute" if compute_bound else "communication"
