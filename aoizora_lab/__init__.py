@@ -6,12 +6,14 @@ Public API (docs/architecture.md maps the pipeline)::
     topo = az.Topology.from_name("v5e:4x4")      # deviceless libtpu devices, real coordinates
     ag = az.Collective("all-gather", az.mesh_axis_groups((4, 4), [1]), bytes=32e6)
     az.estimate(ag, topo).seconds                # predicted time on the identity placement
+    case = az.parse_case("wan2.1-t2v-14b@1280x720x81/v5e:4x4")   # a workload on a slice
 """
 
 from aoizora_lab.deviceless import prepare_environment
 
 prepare_environment()  # before anything loads libtpu
 
+from aoizora_lab.cases import Case, parse_case  # noqa: E402
 from aoizora_lab.comm_model import (  # noqa: E402
     COLLECTIVE_KINDS,
     Collective,
@@ -38,6 +40,7 @@ __all__ = [
     "ICI_LINK_BANDWIDTH_CLOUD",
     "ROLES",
     "AoizoraError",
+    "Case",
     "ChipSpec",
     "Collective",
     "CommEstimate",
@@ -53,5 +56,6 @@ __all__ = [
     "estimate",
     "lower_step",
     "mesh_axis_groups",
+    "parse_case",
 ]
 __version__ = "0.1.0"
