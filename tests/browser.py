@@ -1,9 +1,23 @@
 """Headless Chromium for the report tests: offline, with JavaScript errors on stderr."""
 
+import os
 import subprocess
 from pathlib import Path
 
+import pytest
+
 CHROMIUM = Path("/usr/bin/chromium")
+
+
+def require_chromium():
+    """The browser tests are part of the proof: in CI (``$CI`` set, as ``.ci/run`` runs) a
+    missing Chromium fails the test; a local run without one skips it, saying how to get it."""
+    if os.access(CHROMIUM, os.X_OK):
+        return
+    why = f"Chromium is not installed at {CHROMIUM} (`apt-get install chromium`, as .ci/run does)"
+    if os.environ.get("CI"):
+        pytest.fail(f"{why}; CI must run the browser tests.", pytrace=False)
+    pytest.skip(why)
 
 
 def chromium(tmp_path, url, *flags):

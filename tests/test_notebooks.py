@@ -1,7 +1,6 @@
 """The five notebooks, run headless through papermill with small parameters, and what they call
 that no other test covers (``Plan.compiled_program``, notebook 5's check)."""
 
-import os
 import re
 import struct
 from pathlib import Path
@@ -9,7 +8,7 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
-from browser import CHROMIUM, chromium, js_errors
+from browser import chromium, js_errors, require_chromium
 
 import aoizora_lab as az
 from aoizora_lab.candidates import Candidate, explain_candidates
@@ -75,10 +74,8 @@ def test_pages_carry_the_heatmaps_offline(report):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not os.access(CHROMIUM, os.X_OK),
-                    reason="Chromium is not installed at /usr/bin/chromium "
-                           "(`apt-get install chromium`, as .ci/run does)")
 def test_the_ranking_page_draws_its_heatmaps_in_chromium(report, tmp_path):
+    require_chromium()
     _, out = report
     url = (out / "small" / "04_placement_ranking.html").as_uri()
     dom, log = chromium(tmp_path, url, "--dump-dom")

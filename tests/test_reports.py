@@ -4,7 +4,6 @@ The notebooks in ``tests/data`` stand in for the real ones: ``heatmap`` draws a 
 of its parameters and records values derived from them; ``fails`` records a value, then raises.
 """
 
-import os
 import re
 import shutil
 import struct
@@ -14,7 +13,7 @@ from pathlib import Path
 import nbformat
 import numpy as np
 import pytest
-from browser import CHROMIUM, chromium, js_errors
+from browser import chromium, js_errors, require_chromium
 from nbformat.v4 import new_code_cell, new_notebook, new_output
 
 from aoizora_lab.cases import parse_case
@@ -303,10 +302,8 @@ def test_cli_runs_the_matrix_and_exits_with_the_number_of_failures(tmp_path, mon
 # ---- the page in a browser, offline ----------------------------------------------------------
 
 @pytest.mark.slow
-@pytest.mark.skipif(not os.access(CHROMIUM, os.X_OK),
-                    reason="Chromium is not installed at /usr/bin/chromium "
-                           "(`apt-get install chromium`, as .ci/run does)")
 def test_report_page_renders_the_figure_offline_in_chromium(reports, tmp_path):
+    require_chromium()
     _, out, _ = reports
     url = (out / "grid-3x4" / "heatmap.html").as_uri()
     dom, log = chromium(tmp_path, url, "--dump-dom")
