@@ -103,3 +103,75 @@ def test_when_every_trace_fails_the_table_is_whole_and_plan_says_why(monkeypatch
     assert (table["reason"] == "trace failed: RuntimeError: boom").all()
     with pytest.raises(az.AoizoraError, match=r"survived pruning: .*trace failed: RuntimeError"):
         plan(workload, host, ir_cache_dir=False)
+
+
+# -- each rule at its boundary, with synthetic estimates (no tracing)
+
+def _estimate(name, estimate_s, bound_s=None, memory=0.0, comm_s=0.0):
+    from aoizora_lab.ir_estimate import IREstimate
+
+    bound_s = estimate_s / 2 if bound_s is None else bound_s
+    return IREstimate(
+        candidate=name, flops=0.0, hbm_bytes=0.0, param_bytes=0.0,
+        largest_activation_bytes=0.0, memory_lower_bound_bytes=memory, comm_bytes=0.0,
+        comm_bytes_by_axes={}, collectives=(), lower_bound_seconds=bound_s,
+        compute_lower_bound_seconds=bound_s, comm_lower_bound_seconds=0.0,
+        estimate_seconds=estimate_s, compute_estimate_seconds=estimate_s,
+        comm_estimate_seconds=comm_s, trace_seconds=0.0, notes=())
+
+
+@pytest.fixture(scope="module")
+def eight():
+    import jax
+
+    tiny = az.WanConfig(dim=64, ffn_dim=128, num_heads=8, num_layers=2, text_dim=32,
+                        text_len=8, freq_dim=32)
+    workload = az.Workload(model=tiny, height=64, width=64, frames=5, text_len=8)
+    host = az.Topology.simulated((2, 4), devices=jax.devices()[:8])
+    return workload, host, enumerate_candidates(workload, host)
+
+
+def _verdicts(eight, figures, **options):
+    workload, host, candidates = eight
+    chosen = candidates[:len(figures)]
+    estimates = {c.name: _estimate(c.name, *f) for c, f in zip(chosen, figures, strict=True)}
+    pruning = prune(chosen, workload, host, estimates=estimates, **options)
+    return [pruning.decision(c.name).verdict for c in chosen]
+
+
+def test_cannot_win_starts_just_above_the_bound_margin(eight):
+    # best estimate 1.0; lower bounds at 1.25 x exactly, and just above
+    verdicts = _verdicts(eight, [(1.0,), (1.05, 1.25), (1.05, 1.25 + 1e-9)], keep=1,
+                         max_fraction=1.0)
+    assert verdicts == [Verdict.KEPT_BEST, Verdict.KEPT, Verdict.CANNOT_WIN]
+
+
+def test_unlikely_starts_just_above_the_estimate_margin(eight):
+    verdicts = _verdicts(eight, [(1.0,), (1.1,), (1.1 + 1e-9,)], keep=1, max_fraction=1.0)
+    assert verdicts == [Verdict.KEPT_BEST, Verdict.KEPT, Verdict.UNLIKELY]
+    # a wider margin keeps the same candidate
+    verdicts = _verdicts(eight, [(1.0,), (1.1,), (1.1 + 1e-9,)], keep=1, max_fraction=1.0,
+                         estimate_margin=0.2)
+    assert verdicts == [Verdict.KEPT_BEST, Verdict.KEPT, Verdict.KEPT]
+
+
+def test_the_compile_budget_is_a_fraction_of_the_candidates(eight):
+    # 8 candidates within every margin; a quarter of 8 is 2, and keep=1
+    figures = [(1.0 + i * 1e-3,) for i in range(8)]
+    verdicts = _verdicts(eight, figures, keep=1, max_fraction=0.25)
+    assert verdicts == [Verdict.KEPT_BEST, Verdict.KEPT] + [Verdict.OVER_BUDGET] * 6
+    # the budget never falls below keep
+    verdicts = _verdicts(eight, figures, keep=3, max_fraction=0.125)
+    assert verdicts == [Verdict.KEPT_BEST] * 3 + [Verdict.OVER_BUDGET] * 5
+
+
+def test_the_best_estimates_are_kept_whatever_the_other_rules_say(eight):
+    verdicts = _verdicts(eight, [(1.0,), (5.0, 4.0), (9.0, 8.0), (9.5, 9.0)], keep=3)
+    assert verdicts == [Verdict.KEPT_BEST] * 3 + [Verdict.CANNOT_WIN]
+
+
+def test_over_hbm_starts_one_byte_above_the_usable_memory(eight):
+    usable = az.chip_spec("v5e").hbm_usable_bytes
+    verdicts = _verdicts(eight, [(1.0, 0.5, usable), (0.5, 0.25, usable + 1)], keep=1,
+                         max_fraction=1.0)
+    assert verdicts == [Verdict.KEPT_BEST, Verdict.OVER_HBM]
