@@ -105,3 +105,28 @@ def test_a_builder_that_breaks_fails_the_plan_and_a_refusal_is_a_row(host, tmp_p
     assert outcome.status is Status.NOT_BUILT and outcome.plan is None
     assert outcome.reason == "no such layout here"
     assert "maxdiffusion" not in result.baselines.plans
+
+
+def test_the_search_own_best_beats_every_baseline_on_a_small_case(planned):
+    # The claim itself, before any baseline could be substituted for the plan.
+    searched = planned.searched.predicted.total_s
+    for name, baseline in planned.baselines.plans.items():
+        assert searched <= baseline.predicted.total_s * (1 + 1e-12), name
+
+
+def test_the_search_finds_the_exhaustive_placement_optimum_of_a_compiled_program(planned,
+                                                                                  host):
+    import itertools
+
+    from aoizora_lab.placement import PlacementScorer, rank_placements
+
+    best = planned.searched
+    program = planned.programs[best.candidate.name]
+    scorer = PlacementScorer(program, host)
+    every = np.array(list(itertools.permutations(range(host.num_devices))))
+    optimum = scorer.scores(every).min()  # all 40,320 device orders of the 2x4 slice
+    found = rank_placements(program, best.candidate, host, budget=2_000)
+    least = min(scorer.score(np.array(r.placement.order)) for r in found)
+    assert least == pytest.approx(optimum, rel=1e-9)  # regret 0
+    plain = predict(program, host, plain_order(host)).total_s
+    assert plain / found[0].predicted.total_s >= 1 - 1e-12  # placement gain >= 1
