@@ -90,3 +90,35 @@ def test_splash_block_sizes_follow_the_measured_limits():
 def test_unknown_backend_is_named():
     with pytest.raises(AoizoraError, match=r"'flash'.*blockwise"):
         attention_fn("flash")
+
+
+# -- splash attention, the kernel every TPU plan uses, run by the Pallas interpreter on CPU
+
+def _splash(q, k, v, **options):
+    from aoizora_lab.models.attention import splash_attention
+
+    return splash_attention(q, k, v, interpret=True, **options)
+
+
+@pytest.mark.parametrize(("sq", "sk", "valid"), [(128, 256, 256), (100, 300, 211)])
+def test_splash_matches_dense_with_padding_and_masked_keys(sq, sk, valid):
+    # 100 queries and 300 keys are padded to the 128-wide blocks; keys past `valid` carry
+    # huge values that would dominate the output if they were not masked.
+    q, k, v = _qkv(3, 2, sq, sk, 2, 64)
+    k, v = k.at[:, valid:].set(1e3), v.at[:, valid:].set(-1e3)
+    out, lse = _splash(q, k, v, kv_valid=valid)
+    ref_out, ref_lse = dense_attention(q, k, v, kv_valid=valid)
+    assert out.shape == ref_out.shape and lse.shape == ref_lse.shape
+    np.testing.assert_allclose(out, ref_out, rtol=2e-5, atol=2e-5)
+    np.testing.assert_allclose(lse, ref_lse, rtol=2e-5, atol=2e-5)
+
+
+def test_splash_log_sum_exp_merges_a_ring_exactly():
+    # A ring step attends to one K/V shard at a time and merges by log-sum-exp: with splash
+    # partials the merge must equal attention over all keys.
+    q, k, v = _qkv(4, 1, 128, 384, 2, 64)
+    parts = [_splash(q, k[:, i:i + 128], v[:, i:i + 128]) for i in (0, 128, 256)]
+    merged = merge_partials(merge_partials(parts[0], parts[1]), parts[2])
+    whole = dense_attention(q, k, v)
+    np.testing.assert_allclose(merged[0], whole[0], rtol=2e-5, atol=2e-5)
+    np.testing.assert_allclose(merged[1], whole[1], rtol=2e-5, atol=2e-5)

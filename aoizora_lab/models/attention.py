@@ -124,8 +124,12 @@ def splash_block_sizes(q_len: int, kv_len: int) -> tuple[int, int, int]:
 
 
 def splash_attention(q: jax.Array, k: jax.Array, v: jax.Array, *,
-                     kv_valid: jax.Array | int | None = None) -> Partial:
-    """Pallas splash attention (TPU): one kernel per batch element, all heads at once."""
+                     kv_valid: jax.Array | int | None = None,
+                     interpret: bool = False) -> Partial:
+    """Pallas splash attention (TPU): one kernel per batch element, all heads at once.
+
+    ``interpret=True`` runs the same kernel in the Pallas interpreter (any backend, slowly):
+    how the tests check it against dense attention on CPU."""
     from jax.experimental.pallas.ops.tpu.splash_attention import (
         splash_attention_kernel as kernel,
     )
@@ -142,7 +146,8 @@ def splash_attention(q: jax.Array, k: jax.Array, v: jax.Array, *,
         mask=masks.MultiHeadMask([masks.FullMask((sq_pad, sk_pad))] * heads),
         head_shards=1, q_seq_shards=1, save_residuals=True,
         block_sizes=kernel.BlockSizes(block_q=block_q, block_kv=block_kv,
-                                      block_kv_compute=block_kv_compute))
+                                      block_kv_compute=block_kv_compute),
+        interpret=interpret)
     scaled = _pad_axis(q * jnp.asarray(dim ** -0.5, q.dtype), 1, sq_pad)
     k, v = _pad_axis(k, 1, sk_pad), _pad_axis(v, 1, sk_pad)
     segments = kernel.SegmentIds(
