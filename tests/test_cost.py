@@ -1,5 +1,6 @@
 """The one cost module: roofline compute, the overlap rule, and predict on programs."""
 
+import numpy as np
 import pytest
 
 import aoizora_lab as az
@@ -66,3 +67,49 @@ def test_predict_hides_only_the_asynchronous_collectives():
     frame = breakdown(program, TOPOLOGY, placement)
     assert list(frame["asynchronous"]) == [True, False]  # heaviest (3 runs) first
     assert frame["seconds"].sum() == pytest.approx(5 * one)
+
+
+@pytest.mark.slow
+def test_overlap_and_asynchronous_flags_on_a_real_compiled_program(tmp_path):
+    import re
+
+    from aoizora_lab.candidates import Candidate
+    from aoizora_lab.compile import compile_candidates
+
+    tiny = az.WanConfig(dim=128, ffn_dim=256, num_heads=4, num_layers=2, text_dim=32,
+                        text_len=8, freq_dim=32)
+    workload = az.Workload(model=tiny, height=64, width=64, frames=5, text_len=8)
+    topology = az.Topology.from_name("v5e:2x4", deviceless=True)
+    [result] = compile_candidates([Candidate.from_name("cfg2-uly4-fsdp")], workload, topology,
+                                  cache_dir=tmp_path)
+    assert result.status == "ok", result.message
+    program, text = result.program, result.hlo_text
+    # Read each collective's op from the HLO text itself, apart from the parser.
+    op_of = dict(re.findall(r"%([\w.\-]+) = [^=]*?\b(all-gather-start|all-gather|all-to-all|"
+                            r"all-reduce-start|all-reduce|collective-permute-start|"
+                            r"collective-permute|reduce-scatter)\(", text))
+    names = {c.name for c in program.collectives}
+    assert any(op_of.get(n, "").endswith("-start") for n in names)  # both checks below bite
+    assert any(op_of.get(n) == "all-to-all" for n in names)
+    kinds = {c.kind for c in program.collectives}
+    assert {"all-gather", "all-to-all"} <= kinds  # FSDP weight gathers, Ulysses exchanges
+    for collective, site in zip(program.collectives, program.sites, strict=True):
+        if op_of.get(collective.name, "").endswith("-start"):
+            assert site.asynchronous, collective.name
+        if op_of.get(collective.name) == "all-to-all":
+            assert not site.asynchronous, collective.name  # the schedule waits for it
+    assert any(s.asynchronous for s in program.sites)
+    # predict = the overlap rule over the parts priced independently
+    placement = np.arange(8)
+    sync = [c for c, s in zip(program.collectives, program.sites, strict=True)
+            if not s.asynchronous]
+    asyn = [c for c, s in zip(program.collectives, program.sites, strict=True)
+            if s.asynchronous]
+    chip = az.chip_spec("v5e")
+    compute = sum(runs * max(f / chip.peak_bf16_flops, b / chip.hbm_bandwidth)
+                  for f, b, runs, _ in program.ops)
+    sync_s = az.estimate(sync, topology, placement).seconds
+    async_s = az.estimate(asyn, topology, placement).seconds
+    p = predict(program, topology, placement)
+    assert p.compute_s == pytest.approx(compute)
+    assert p.total_s == pytest.approx(compute + sync_s + max(0.0, async_s - compute))
