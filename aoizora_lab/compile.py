@@ -9,8 +9,9 @@ thread pool with one slot per core (each slot waits on one child process); pass
 ``dask.distributed.Client(...).get_executor()`` to fan a sweep out over a cluster, where each
 worker starts its own children.
 
-Results are cached on disk (default ``data/cache/compile``), one folder per compile keyed by
-everything that changes the result: jax, jaxlib and libtpu versions, the source of the model
+Results are cached on disk (default ``data/cache/compile``, or ``compile/`` under
+``$AOIZORA_LAB_CACHE_DIR``), one folder per compile keyed by everything that changes the
+result: jax, jaxlib and libtpu versions, the source of the model
 code, the model config, the workload, the candidate, the slice and the layer count. An entry is
 written to a temporary folder and renamed into place, so a reader never sees half of one; its
 HLO text carries a checksum that is checked on every read. ``ok`` and ``oom`` results are
@@ -46,7 +47,7 @@ from aoizora_lab.errors import AoizoraError, is_whole
 from aoizora_lab.hlo import CommProgram, parse_hlo
 from aoizora_lab.records import Records
 from aoizora_lab.topology import Topology
-from aoizora_lab.versions import program_versions
+from aoizora_lab.versions import cache_root, program_versions
 from aoizora_lab.workload import Workload
 
 if TYPE_CHECKING:
@@ -54,7 +55,6 @@ if TYPE_CHECKING:
 
 STATUSES = ("ok", "oom", "crash", "timeout", "error")
 CACHED_STATUSES = ("ok", "oom")
-DEFAULT_CACHE_DIR = Path(__file__).resolve().parent.parent / "data" / "cache" / "compile"
 
 
 @dataclass(frozen=True)
@@ -149,7 +149,7 @@ def compile_candidates(candidates: Sequence[Candidate], workload: Workload, topo
             )
     if isinstance(timeout_s, bool) or not isinstance(timeout_s, int | float) or not timeout_s > 0:
         raise AoizoraError(f"timeout_s={timeout_s!r} must be a positive number of seconds.")
-    cache = Path(cache_dir) if cache_dir is not None else DEFAULT_CACHE_DIR
+    cache = Path(cache_dir) if cache_dir is not None else cache_root() / "compile"
     jobs = [_job(c, workload, topology, num_layers) for c in candidates]
     own = executor is None
     pool = executor or cf.ThreadPoolExecutor(max_workers=os.cpu_count() or 1)

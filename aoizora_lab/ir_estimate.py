@@ -16,8 +16,8 @@ Both apply the overlap rule (:meth:`~aoizora_lab.cost.Predicted.overlapped`): co
 :data:`ASYNC_KINDS` hide behind compute up to its length, the others add. All prices come from
 :mod:`aoizora_lab.cost`.
 
-The counts of a trace are cached as JSON (:data:`IR_CACHE_DIR`); the bounds are derived afresh
-for the slice asked for.
+The counts of a trace are cached as JSON (``ir/`` under the cache root); the bounds are derived
+afresh for the slice asked for.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ from aoizora_lab.hardware import chip_spec
 from aoizora_lab.ir import IRCollective, IRCounts, count_jaxpr, spec_of
 from aoizora_lab.models.wan import abstract_params
 from aoizora_lab.topology import Topology
-from aoizora_lab.versions import program_versions
+from aoizora_lab.versions import cache_root, program_versions
 from aoizora_lab.workload import Workload, denoise_step
 
 ASYNC_KINDS = ("all-gather", "collective-permute")
@@ -53,9 +53,9 @@ ASYNC_KINDS = ("all-gather", "collective-permute")
 context K/V) and every ring permute were ``*-start`` ops; every all-to-all and the tensor-
 parallel all-reduces synchronous); the IR applies the overlap rule of :mod:`aoizora_lab.cost`
 with them."""
-IR_CACHE_DIR = Path(__file__).resolve().parent.parent / "data" / "cache" / "ir"
 IRCacheDir = str | Path | Literal[False] | None
-"""Where IR traces are cached: a folder, ``None`` for :data:`IR_CACHE_DIR`, ``False`` for none."""
+"""Where IR traces are cached: a folder, ``None`` for ``ir/`` under
+:func:`~aoizora_lab.versions.cache_root`, ``False`` for none."""
 COMPUTE_EFFICIENCY = 0.6  # typical fraction of peak for large bf16 matmuls / splash on TPU
 HBM_EFFICIENCY = 0.8  # typical fraction of HBM bandwidth for streaming reads and writes
 _TRACE_SOURCES = ("ir.py", "flops.py", "ir_estimate.py")
@@ -111,7 +111,7 @@ def estimate_ir(candidate: Candidate, workload: Workload, topology: Topology, *,
                             if k != "model"},
                "versions": program_versions(_TRACE_SOURCES)}
         key = hashlib.sha256(json.dumps(job, sort_keys=True).encode()).hexdigest()[:32]
-        entry = Path(cache_dir or IR_CACHE_DIR) / f"{key}.json"
+        entry = Path(cache_dir or cache_root() / "ir") / f"{key}.json"
         cached = _read_counts(entry)
         if cached is not None:
             counts, trace_seconds = cached

@@ -1,17 +1,28 @@
-"""What a cached result depends on besides its inputs: library versions and source digests.
+"""Where cached results live, and what they depend on besides their inputs.
 
 The compile cache (:mod:`aoizora_lab.compile`) and the IR cache
-(:mod:`aoizora_lab.ir_estimate`) put :func:`program_versions` into their keys, so an upgrade of
-jax, jaxlib or libtpu, or an edit of the code that builds the program, is a miss, never a stale
-hit.
+(:mod:`aoizora_lab.ir_estimate`) live under :func:`cache_root` and put
+:func:`program_versions` into their keys, so an upgrade of jax, jaxlib or libtpu, or an edit of
+the code that builds the program, is a miss, never a stale hit.
 """
 
 from __future__ import annotations
 
 import hashlib
 import importlib.metadata
+import os
 from collections.abc import Sequence
 from pathlib import Path
+
+CACHE_ENV = "AOIZORA_LAB_CACHE_DIR"
+"""Environment variable naming another cache root (a test session, a shared disk)."""
+
+
+def cache_root() -> Path:
+    """``$AOIZORA_LAB_CACHE_DIR`` if set, else ``data/cache`` of this checkout; compiles go
+    to its ``compile/`` folder and IR traces to ``ir/``."""
+    chosen = os.environ.get(CACHE_ENV)
+    return Path(chosen) if chosen else Path(__file__).resolve().parent.parent / "data" / "cache"
 
 _PROGRAM_SOURCES = ("models/wan.py", "models/attention.py", "models/parallel.py",
                     "workload.py", "candidates.py")

@@ -16,6 +16,20 @@ settings.register_profile("dev", deadline=None)
 settings.load_profile("ci" if os.environ.get("CI") else "dev")
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _session_cache(tmp_path_factory):
+    """Every compile and IR trace of the session goes to a temporary cache, never the
+    checkout's data/cache (children and notebook kernels inherit the variable)."""
+    root = tmp_path_factory.mktemp("aoizora-cache")
+    previous = os.environ.get("AOIZORA_LAB_CACHE_DIR")
+    os.environ["AOIZORA_LAB_CACHE_DIR"] = str(root)
+    yield root
+    if previous is None:
+        os.environ.pop("AOIZORA_LAB_CACHE_DIR")
+    else:
+        os.environ["AOIZORA_LAB_CACHE_DIR"] = previous
+
+
 @pytest.fixture(autouse=True)
 def _no_user_calibration(tmp_path, monkeypatch):
     """Point calibration at an empty folder so a developer's files never change a result."""

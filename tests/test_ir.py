@@ -210,3 +210,20 @@ def test_an_ir_cache_that_cannot_be_written_costs_a_retrace_not_the_estimate(tmp
     estimate = estimate_ir(candidate, workload, topology, cache_dir=tmp_path / "ir")
     assert estimate.collectives == fresh.collectives
     assert list((tmp_path / "ir").iterdir()) == []  # no entry, no temporary file left
+
+
+def test_the_default_caches_follow_the_cache_root(tmp_path, monkeypatch):
+    import jax
+
+    from aoizora_lab.versions import cache_root
+
+    monkeypatch.setenv("AOIZORA_LAB_CACHE_DIR", str(tmp_path))
+    assert cache_root() == tmp_path
+    tiny = az.WanConfig(dim=64, ffn_dim=128, num_heads=8, num_layers=2, text_dim=32,
+                        text_len=8, freq_dim=32)
+    workload = az.Workload(model=tiny, height=32, width=48, frames=5, text_len=8)
+    host = az.Topology.simulated((2, 4), devices=jax.devices()[:8])
+    estimate_ir(Candidate.from_name("cfg2-uly4", attention="blockwise"), workload, host)
+    assert len(list((tmp_path / "ir").glob("*.json"))) == 1
+    monkeypatch.delenv("AOIZORA_LAB_CACHE_DIR")
+    assert cache_root().parts[-2:] == ("data", "cache")

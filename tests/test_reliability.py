@@ -576,11 +576,9 @@ PLAN_SCRIPT = textwrap.dedent("""
     import json, sys
     from pathlib import Path
     import aoizora_lab as az
-    import aoizora_lab.ir_estimate as ir_estimate
     import aoizora_lab.planner as planner
 
     cache, out = Path(sys.argv[1]), Path(sys.argv[2])
-    ir_estimate.IR_CACHE_DIR = cache / "ir"  # a fresh IR cache too
     compiles = []
     compile_candidates = planner.compile_candidates
 
@@ -597,7 +595,7 @@ PLAN_SCRIPT = textwrap.dedent("""
     workload = az.Workload(model=model, height=32, width=32, frames=5, text_len=8)
     topology = az.Topology.from_name("v5e:2x2", deviceless=True)
     result = planner.plan(workload, topology, keep=2, budget=200,
-                          cache_dir=cache / "compile")
+                          cache_dir=cache / "compile", ir_cache_dir=cache / "ir")
     best = result.best
     out.write_text(json.dumps({
         "candidate": best.candidate.name, "order": list(best.placement.order),
