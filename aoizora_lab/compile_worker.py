@@ -5,7 +5,8 @@ Run as ``python -m aoizora_lab.compile_worker WORK_DIR`` with the job as JSON on
 is written and the parent reads the signal from the exit status.
 
 ``AOIZORA_LAB_ABORT_CANDIDATE=<name>`` makes the worker abort (SIGABRT) on that candidate, the
-way some TPU compiles do: the hook the crash-isolation tests use.
+way some TPU compiles do, and ``AOIZORA_LAB_HANG_CANDIDATE=<name>`` makes it hang: the hooks
+the crash-isolation tests use (a real abort and a real hang, whatever the machine's speed).
 """
 
 from __future__ import annotations
@@ -43,6 +44,8 @@ def main(work: Path) -> None:
         lowered = az.lower_step(workload, candidate.plan(devices), num_layers=job["num_layers"])
         if os.environ.get("AOIZORA_LAB_ABORT_CANDIDATE") == candidate.name:
             os.abort()
+        while os.environ.get("AOIZORA_LAB_HANG_CANDIDATE") == candidate.name:
+            time.sleep(60)
         compiled = lowered.compile()
         memory = compiled.memory_analysis()
         result["memory"] = {
