@@ -5,6 +5,7 @@ import jax
 import numpy as np
 import pytest
 from jax.experimental import mesh_utils
+from tiny import TINY
 
 import aoizora_lab as az
 from aoizora_lab import baselines
@@ -14,8 +15,6 @@ from aoizora_lab.ir_estimate import estimate_ir
 from aoizora_lab.placement import plain_order
 from aoizora_lab.planner import plan
 
-TINY = az.WanConfig(dim=64, ffn_dim=128, num_heads=8, num_layers=2, text_dim=32, text_len=8,
-                    freq_dim=32)
 # 32 tokens: every Ulysses x ring split of 8 devices divides them.
 WORKLOAD = az.Workload(model=TINY, height=64, width=64, frames=5, text_len=8)
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from tiny import TINY, WORKLOAD
 
 import aoizora_lab as az
 from aoizora_lab import bench
@@ -15,9 +16,6 @@ from aoizora_lab.candidates import enumerate_candidates
 from aoizora_lab.cases import Case, parse_case
 from aoizora_lab.cli import build_parser, main
 
-TINY = az.WanConfig(dim=64, ffn_dim=128, num_heads=8, num_layers=2, text_dim=32, text_len=8,
-                    freq_dim=32)
-WORKLOAD = az.Workload(model=TINY, height=32, width=48, frames=5, text_len=8)
 # 6 tokens, one pass: 7 valid candidates on 4 chips, so the exhaustive search stays short.
 SMALL = az.Workload(model=TINY, height=32, width=48, frames=1, text_len=8, cfg=False)
 EPS = 1e-9

@@ -3,15 +3,13 @@
 import jax
 import jax.numpy as jnp
 import pytest
+from tiny import TINY
 
 import aoizora_lab as az
 from aoizora_lab.candidates import enumerate_candidates
 from aoizora_lab.hlo import parse_hlo
 from aoizora_lab.ir_estimate import estimate_ir
 from aoizora_lab.prune import prune
-
-TINY = az.WanConfig(dim=64, ffn_dim=128, num_heads=8, num_layers=2, text_dim=32, text_len=8,
-                    freq_dim=32)
 
 
 @pytest.mark.slow

@@ -6,6 +6,7 @@ import pytest
 from jax import lax
 from jax.sharding import AbstractMesh, NamedSharding
 from jax.sharding import PartitionSpec as P
+from tiny import WORKLOAD
 
 import aoizora_lab as az
 from aoizora_lab import ir
@@ -143,9 +144,7 @@ def test_a_registered_rule_reads_its_primitive(monkeypatch):
 
 
 def test_primitives_outside_the_rule_table_go_to_the_default(monkeypatch):
-    tiny = az.WanConfig(dim=64, ffn_dim=128, num_heads=8, num_layers=2, text_dim=32,
-                        text_len=8, freq_dim=32)
-    workload = az.Workload(model=tiny, height=32, width=48, frames=5, text_len=8)
+    workload = WORKLOAD
     candidate, topology = Candidate.from_name("cfg2-ring4-fsdp"), az.Topology.simulated((2, 4))
     plain = estimate_ir(candidate, workload, topology, cache_dir=False)
     seen, defaulted = set(), set()
@@ -219,9 +218,7 @@ def test_the_default_caches_follow_the_cache_root(tmp_path, monkeypatch):
 
     monkeypatch.setenv("AOIZORA_LAB_CACHE_DIR", str(tmp_path))
     assert cache_root() == tmp_path
-    tiny = az.WanConfig(dim=64, ffn_dim=128, num_heads=8, num_layers=2, text_dim=32,
-                        text_len=8, freq_dim=32)
-    workload = az.Workload(model=tiny, height=32, width=48, frames=5, text_len=8)
+    workload = WORKLOAD
     host = az.Topology.simulated((2, 4), devices=jax.devices()[:8])
     estimate_ir(Candidate.from_name("cfg2-uly4", attention="blockwise"), workload, host)
     assert len(list((tmp_path / "ir").glob("*.json"))) == 1

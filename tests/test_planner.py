@@ -4,6 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from tiny import TINY, WORKLOAD
 
 import aoizora_lab as az
 from aoizora_lab.baselines import BASELINES, Status
@@ -13,10 +14,6 @@ from aoizora_lab.models.wan import init_params
 from aoizora_lab.placement import Placement, Source
 from aoizora_lab.planner import plan
 from aoizora_lab.realize import Plan
-
-TINY = az.WanConfig(dim=64, ffn_dim=128, num_heads=8, num_layers=2, text_dim=32, text_len=8,
-                    freq_dim=32)
-WORKLOAD = az.Workload(model=TINY, height=32, width=48, frames=5, text_len=8)
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,5 @@
 import pytest
+from tiny import TINY, WORKLOAD
 
 import aoizora_lab as az
 from aoizora_lab.candidates import enumerate_candidates
@@ -90,9 +91,7 @@ def test_when_every_trace_fails_the_table_is_whole_and_plan_says_why(monkeypatch
         raise RuntimeError("boom")
 
     monkeypatch.setattr("aoizora_lab.prune.estimate_ir", broken)
-    tiny = az.WanConfig(dim=64, ffn_dim=128, num_heads=8, num_layers=2, text_dim=32,
-                        text_len=8, freq_dim=32)
-    workload = az.Workload(model=tiny, height=32, width=48, frames=5, text_len=8)
+    workload = WORKLOAD
     host = az.Topology.simulated((2, 4), devices=jax.devices()[:8])
     candidates = enumerate_candidates(workload, host)
     pruning = prune(candidates, workload, host, ir_cache_dir=False)
@@ -124,9 +123,7 @@ def _estimate(name, estimate_s, bound_s=None, memory=0.0, comm_s=0.0):
 def eight():
     import jax
 
-    tiny = az.WanConfig(dim=64, ffn_dim=128, num_heads=8, num_layers=2, text_dim=32,
-                        text_len=8, freq_dim=32)
-    workload = az.Workload(model=tiny, height=64, width=64, frames=5, text_len=8)
+    workload = az.Workload(model=TINY, height=64, width=64, frames=5, text_len=8)
     host = az.Topology.simulated((2, 4), devices=jax.devices()[:8])
     return workload, host, enumerate_candidates(workload, host)
 

@@ -34,6 +34,7 @@ import yaml
 from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 from nbformat.v4 import new_code_cell, new_notebook
+from tiny import TINY, WORKLOAD
 
 import aoizora_lab as az
 from aoizora_lab.candidates import ABBREVIATIONS, Candidate
@@ -55,9 +56,6 @@ DATA = Path(__file__).parent / "data"
 FUZZ = settings(max_examples=40, deadline=None,
                 suppress_health_check=[HealthCheck.function_scoped_fixture])
 
-TINY = az.WanConfig(dim=64, ffn_dim=128, num_heads=8, num_layers=2, text_dim=32, text_len=8,
-                    freq_dim=32)
-WORKLOAD = az.Workload(model=TINY, height=32, width=48, frames=5, text_len=8)
 
 
 def clear_error(call, bad_values, accepted):
