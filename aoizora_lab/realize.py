@@ -183,7 +183,7 @@ class Plan:
             try:
                 order = tuple(index[(tuple(int(v) for v in c), int(k))] for c, k in
                               zip(payload["coords"], payload["cores"], strict=True))
-            except (KeyError, TypeError, ValueError) as err:
+            except (KeyError, TypeError, ValueError, OverflowError) as err:  # inf, 1e999
                 raise AoizoraError(
                     f"a placement coordinate is not a chip of {topology.name} ({err}); coords "
                     f"must list one [x, y{', z' if topology.ndim == 3 else ''}] chip and cores "

@@ -21,6 +21,7 @@ def _qkv(key, batch, sq, sk, heads, dim):
             jax.random.normal(kv, (batch, sk, heads, dim)))
 
 
+@pytest.mark.slow  # a jit compile per example
 @settings(max_examples=12, deadline=None)
 @given(sq=st.integers(1, 40), sk=st.integers(1, 40), block=st.integers(1, 16),
        heads=st.integers(1, 3), valid=st.integers(1, 40), seed=st.integers(0, 1000))

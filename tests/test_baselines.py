@@ -15,6 +15,9 @@ from aoizora_lab.ir_estimate import estimate_ir
 from aoizora_lab.placement import plain_order
 from aoizora_lab.planner import plan
 
+# Every test here plans (compiles in child processes).
+pytestmark = pytest.mark.slow
+
 # 32 tokens: every Ulysses x ring split of 8 devices divides them.
 WORKLOAD = az.Workload(model=TINY, height=64, width=64, frames=5, text_len=8)
 

@@ -54,6 +54,7 @@ def test_public_api_has_the_documented_signatures():
     assert inspect.signature(az.Topology.simulated).parameters["generation"].default == "v5e"
 
 
+@pytest.mark.slow  # traces all 52 candidates
 def test_prune_command_lists_candidates_and_what_was_kept(capsys):
     assert main(["prune", "wan2.1-t2v-1.3b@480p/v5e:2x4", "--show-invalid"]) == 0
     out = capsys.readouterr().out

@@ -20,6 +20,7 @@ def _candidates():
     return [Candidate.from_name(n, attention="blockwise") for n in NAMES]
 
 
+@pytest.mark.slow
 def test_a_crash_is_recorded_the_rest_finish_and_a_rerun_hits_the_cache(host, tmp_path,
                                                                         monkeypatch):
     monkeypatch.setenv("AOIZORA_LAB_ABORT_CANDIDATE", "cfg2-ring4-fsdp")
@@ -43,6 +44,7 @@ def test_a_crash_is_recorded_the_rest_finish_and_a_rerun_hits_the_cache(host, tm
             assert a.program == b.program
 
 
+@pytest.mark.slow
 def test_a_corrupted_cache_entry_is_recompiled(host, tmp_path):
     [first] = compile_candidates(_candidates()[:1], WORKLOAD, host, cache_dir=tmp_path)
     first.hlo_path.write_text(first.hlo_text[: len(first.hlo_text) // 2])  # truncated
@@ -61,6 +63,7 @@ def test_a_hang_past_the_timeout_is_recorded(host, tmp_path, monkeypatch):
     assert not [e for e in cache.glob("*") if not e.name.startswith(".")]
 
 
+@pytest.mark.slow
 def test_folded_layers_give_the_full_depth_program(host, tmp_path):
     for candidate in _candidates():
         [full] = compile_candidates([candidate], WORKLOAD, host, cache_dir=tmp_path)
@@ -96,6 +99,7 @@ def test_an_out_of_hbm_candidate_is_recorded_as_oom(tmp_path):
     assert "RESOURCE_EXHAUSTED" in result.message
 
 
+@pytest.mark.slow
 def test_a_dask_cluster_executor_runs_the_sweep(host, tmp_path):
     import distributed
     with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,

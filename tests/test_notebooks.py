@@ -94,6 +94,7 @@ TINY_WORKLOAD = az.Workload(model=TINY, height=32, width=48, frames=5, text_len=
 ROWS = ["kind", "bytes", "count", "group_size", "num_groups"]
 
 
+@pytest.mark.slow  # compiles three times
 def test_a_plans_compiled_program_is_the_one_the_compile_sweep_scored(tmp_path):
     host = az.Topology.simulated((2, 4), devices=jax.devices()[:8])
     candidate = Candidate.from_name("cfg2-uly4", attention="blockwise")

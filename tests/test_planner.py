@@ -23,6 +23,7 @@ def planned(tmp_path_factory):
                 cache_dir=tmp_path_factory.mktemp("cache"))
 
 
+@pytest.mark.slow  # the planned fixture compiles in child processes
 def test_the_plan_is_never_predicted_slower_than_a_baseline(planned):
     outcomes = {b.name: b for b in planned.baselines}
     assert list(outcomes) == list(BASELINES)
@@ -48,6 +49,7 @@ def test_the_plan_is_never_predicted_slower_than_a_baseline(planned):
                     planned.best.placement).seconds)
 
 
+@pytest.mark.slow
 def test_realised_plans_compute_the_unsharded_step(planned):
     params = init_params(TINY, jax.random.key(0), std=0.2)
     inputs = WORKLOAD.random_inputs(jax.random.key(1))
@@ -64,6 +66,7 @@ def test_realised_plans_compute_the_unsharded_step(planned):
         assert float(jnp.abs(out - reference).max()) <= 2e-5 * scale, placement.description
 
 
+@pytest.mark.slow
 def test_plan_files_round_trip_and_reject_bad_edits(planned, tmp_path):
     path = tmp_path / "plan.json"
     planned.best.to_json(path)

@@ -5,7 +5,8 @@ import aoizora_lab as az
 from aoizora_lab.candidates import enumerate_candidates
 from aoizora_lab.prune import Verdict, estimate_candidates, prune
 
-CASES = [("wan2.1-t2v-14b", "720p", "v5e:4x4"), ("wan2.1-t2v-1.3b", "480p", "v5e:2x4")]
+CASES = [pytest.param(("wan2.1-t2v-14b", "720p", "v5e:4x4"), marks=pytest.mark.slow),  # 76 traces
+         ("wan2.1-t2v-1.3b", "480p", "v5e:2x4")]
 
 
 @pytest.fixture(scope="module", params=CASES, ids=lambda c: f"{c[0]}@{c[1]}-{c[2]}")

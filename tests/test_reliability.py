@@ -294,6 +294,7 @@ json_values = st.recursive(
 @example(key="workload", value={"model": {"dim": "x"}})
 @example(key="candidate", value="CFG2")
 @example(key="coords", value=[[0, 0]] * 4)
+@example(key="cores", value=[float("inf")])  # found by Hypothesis: int(inf) overflows
 def test_plan_file_with_a_missing_or_wrong_value_names_the_key(plan_file, tmp_path, key, value):
     path, topology = plan_file
     good = json.loads(path.read_text())
