@@ -1,8 +1,6 @@
 """The tiny Wan model and workload that tests share: every code path of the real model, small
 enough to trace, compile and run on CPU host devices in seconds."""
 
-import jax
-
 import aoizora_lab as az
 
 TINY = az.WanConfig(dim=64, ffn_dim=128, num_heads=8, num_layers=2, text_dim=32, text_len=8,
@@ -11,10 +9,3 @@ TINY = az.WanConfig(dim=64, ffn_dim=128, num_heads=8, num_layers=2, text_dim=32,
 WORKLOAD = az.Workload(model=TINY, height=32, width=48, frames=5, text_len=8)
 """12 tokens per pass, guidance on (two passes)."""
 
-
-def host_slice(shape=(2, 4)):
-    """A simulated slice whose chips are this process's CPU host devices."""
-    count = 1
-    for n in shape:
-        count *= n
-    return az.Topology.simulated(shape, devices=jax.devices()[:count])
