@@ -131,9 +131,7 @@ class Baselines(Records[BaselineOutcome]):
                 if outcome.name == index:
                     return outcome
             raise KeyError(f"No baseline {index!r}; baselines: {[o.name for o in self]}.")
-        if isinstance(index, slice):
-            return Baselines(self._items[index], plan_s=self.plan_s)
-        return self._items[index]
+        return super().__getitem__(index)
 
     @property
     def plans(self) -> dict[str, Plan]:

@@ -318,14 +318,23 @@ def read_entry(entry: Path) -> dict[str, Any] | None:
         return None
 
 
+def program_at_depth(hlo_text: str, num_devices: int, num_layers: int | None,
+                     model_layers: int) -> CommProgram:
+    """The :class:`CommProgram` of a compile ``num_layers`` deep (``None``: the model's depth),
+    its layer loop scaled to the model's ``model_layers`` when it was compiled shallower."""
+    program = parse_hlo(hlo_text, num_devices=num_devices)
+    if num_layers is not None and num_layers < model_layers:
+        program = program.fold_loop(num_layers, model_layers)
+    return program
+
+
 def _result(candidate: Candidate, raw: dict[str, Any], model_layers: int,
             num_layers: int | None) -> CompiledCandidate:
     program = None
     hlo_path = Path(raw["hlo_path"]) if raw.get("hlo_path") else None
     if raw["status"] == "ok" and hlo_path is not None:
-        program = parse_hlo(hlo_path.read_text(), num_devices=candidate.num_devices)
-        if num_layers is not None and num_layers < model_layers:
-            program = program.fold_loop(num_layers, model_layers)
+        program = program_at_depth(hlo_path.read_text(), candidate.num_devices, num_layers,
+                                   model_layers)
     return CompiledCandidate(
         candidate=candidate, status=raw["status"], message=raw.get("message", ""),
         compile_seconds=float(raw.get("compile_seconds", 0.0)),

@@ -94,13 +94,9 @@ class Placement:
     def device_order(self, topology: Topology, mesh_shape: Sequence[int] | None = None
                      ) -> np.ndarray:
         """The topology's devices in this order, reshaped to ``mesh_shape`` (for a ``Mesh``)."""
-        if topology.devices is None:
-            raise AoizoraError(
-                f"{topology.name} is simulated and has no devices; use Topology.from_name with "
-                "libtpu, live TPU devices, or CPU host devices."
-            )
+        pool = _devices_of(topology)
         devices = np.empty(len(self.order), dtype=object)
-        devices[:] = [topology.devices[i] for i in self.order]
+        devices[:] = [pool[i] for i in self.order]
         return devices.reshape(tuple(mesh_shape) if mesh_shape else (len(self.order),))
 
 
@@ -121,8 +117,8 @@ def _order_of(devices: Any, topology: Topology, how: str) -> Placement:
 def _devices_of(topology: Topology) -> list[Any]:
     if topology.devices is None:
         raise AoizoraError(
-            f"{topology.name} is simulated and has no devices for a library to order; use "
-            "Topology.from_name with libtpu, live TPU devices, or CPU host devices."
+            f"{topology.name} is simulated and has no devices; use Topology.from_name with "
+            "libtpu, live TPU devices, or CPU host devices."
         )
     return list(topology.devices)
 
@@ -517,11 +513,6 @@ class ScoredPlacements(Records[ScoredPlacement]):
                  busiest: Callable[[Placement], str] | None = None) -> None:
         super().__init__(items)
         self._busiest = busiest
-
-    def __getitem__(self, index: Any) -> Any:
-        if isinstance(index, slice):
-            return ScoredPlacements(self._items[index], busiest=self._busiest)
-        return self._items[index]
 
     def row(self, item: ScoredPlacement) -> dict[str, Any]:
         return {"placement": item.placement, "comm_s": item.comm_s,

@@ -55,8 +55,13 @@ class PlanResult:
     """The search's own best: the top of :attr:`ranking`."""
     best: Plan
     """The plan: :attr:`searched`, or a baseline where one is predicted faster."""
-    programs: dict[str, CommProgram]
-    """The compiled program of every candidate that compiled (baselines' included), by name."""
+
+    @property
+    def programs(self) -> dict[str, CommProgram]:
+        """The compiled program of every candidate that compiled (baselines' included), by
+        name."""
+        return {r.candidate.name: r.program
+                for r in [*self.compiled.ok, *self.baseline_compiles.ok]}
 
     @property
     def baseline_plans(self) -> dict[str, Plan]:
@@ -128,7 +133,6 @@ def plan(workload: Workload, topology: Topology, *, keep: int = 3, budget: int =
     best = min([searched, *baselines.plans.values()], key=lambda p: p.predicted.total_s)
     stage("baselines")
     progress.close()
-    programs = {r.candidate.name: r.program for r in [*compiled, *added] if r.status == "ok"}
     return PlanResult(space, pruning, compiled, ranking,
                       Baselines(baselines, plan_s=best.predicted.total_s), Compiles(added),
-                      searched, best, programs)
+                      searched, best)

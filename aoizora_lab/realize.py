@@ -90,25 +90,20 @@ class Plan:
         """The :class:`~aoizora_lab.hlo.CommProgram` of this plan as compiled: what the realised
         mesh and shardings really communicate per step.
 
-        Compiles with :meth:`compile` (``num_layers`` deep; ``None``: the model's depth),
-        parses the HLO with :func:`~aoizora_lab.hlo.parse_hlo` and, when that is shallower
-        than the model, scales the layer loop to the full depth with
-        :meth:`~aoizora_lab.hlo.CommProgram.fold_loop`: the steps
-        :func:`~aoizora_lab.compile.compile_candidates` takes to build the programs the
-        ranking scores. For a plan from the planner, compiled at the planner's depth, its
+        Compiles with :meth:`compile` (``num_layers`` deep; ``None``: the model's depth) and
+        reads the program with :func:`~aoizora_lab.compile.program_at_depth`, as
+        :func:`~aoizora_lab.compile.compile_candidates` does for the programs the ranking
+        scores. For a plan from the planner, compiled at the planner's depth, its
         collectives (kind, bytes, runs, groups) should equal those of :attr:`program`; a
         difference means the realised mesh or shardings are not what was scored.
         """
-        from aoizora_lab.compile import check_num_layers
-        from aoizora_lab.hlo import parse_hlo
+        from aoizora_lab.compile import check_num_layers, program_at_depth
 
         depth = self.workload.config().num_layers
         check_num_layers(num_layers, depth)
         compiled = self.compile(devices, num_layers=num_layers)
-        program = parse_hlo(compiled.as_text(), num_devices=self.candidate.num_devices)
-        if num_layers is not None and num_layers < depth:
-            program = program.fold_loop(num_layers, depth)
-        return program
+        return program_at_depth(compiled.as_text(), self.candidate.num_devices, num_layers,
+                                depth)
 
     def run(self, params: Any, inputs: dict[str, Any], devices: Any = None) -> Any:
         """Run one denoising step under this plan on live devices."""

@@ -8,6 +8,7 @@ is for people.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
 
@@ -31,8 +32,10 @@ class Records(Sequence[T], Generic[T]):
     @overload
     def __getitem__(self, index: slice) -> Records[T]: ...
     def __getitem__(self, index: int | slice) -> T | Records[T]:
-        if isinstance(index, slice):
-            return type(self)(self._items[index])
+        if isinstance(index, slice):  # a copy keeps what a subclass stores beside the items
+            part = copy.copy(self)
+            part._items = self._items[index]
+            return part
         return self._items[index]
 
     def __len__(self) -> int:

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from aoizora_lab.bench.report import case_argument
-from aoizora_lab.cases import CASE_SPEC, Case, parse_case
+from aoizora_lab.bench.report import add_cases_option
+from aoizora_lab.cases import Case, parse_case
 
 
 def survivors(case: Case | str, *, layers: int | None = None, workers: int = 2,
@@ -63,10 +63,7 @@ def survivors(case: Case | str, *, layers: int | None = None, workers: int = 2,
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--cases", nargs="+", metavar="CASE", type=case_argument,
-                        default=["wan2.1-t2v-14b@1280x720x81/v5e:4x4"],
-                        help=f"case specs {CASE_SPEC} (default: "
-                             "wan2.1-t2v-14b@1280x720x81/v5e:4x4)")
+    add_cases_option(parser, ["wan2.1-t2v-14b@1280x720x81/v5e:4x4"])
     parser.add_argument("--layers", type=int, default=None,
                         help="fold: compile this many layers and scale the layer loop")
     parser.add_argument("--workers", type=int, default=2, help="compiles at a time")

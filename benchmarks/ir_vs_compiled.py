@@ -21,8 +21,8 @@ from pathlib import Path
 import pandas as pd
 from scipy import stats
 
-from aoizora_lab.bench.report import case_argument
-from aoizora_lab.cases import CASE_SPEC, Case, parse_case
+from aoizora_lab.bench.report import add_cases_option
+from aoizora_lab.cases import Case, parse_case
 
 
 def compare(case: Case | str, *, layers: int = 2, workers: int = 2,
@@ -72,10 +72,7 @@ def compare(case: Case | str, *, layers: int = 2, workers: int = 2,
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--cases", nargs="+", metavar="CASE", type=case_argument,
-                        default=["wan2.1-t2v-1.3b@832x480x81/v5e:2x4"],
-                        help=f"case specs {CASE_SPEC} (default: "
-                             "wan2.1-t2v-1.3b@832x480x81/v5e:2x4)")
+    add_cases_option(parser, ["wan2.1-t2v-1.3b@832x480x81/v5e:2x4"])
     parser.add_argument("--layers", type=int, default=2, help="depth of both sides")
     parser.add_argument("--workers", type=int, default=2, help="compiles at a time")
     parser.add_argument("--cache-dir", default=None,

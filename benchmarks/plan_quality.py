@@ -17,8 +17,8 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from aoizora_lab.bench import DEFAULT_MATRIX, PlanQuality, plan_quality
-from aoizora_lab.bench.report import case_argument
-from aoizora_lab.cases import CASE_SPEC, Case
+from aoizora_lab.bench.report import add_cases_option
+from aoizora_lab.cases import Case
 
 
 def run(cases: Iterable[Case | str] = DEFAULT_MATRIX, *, num_layers: int | None = None,
@@ -30,11 +30,8 @@ def run(cases: Iterable[Case | str] = DEFAULT_MATRIX, *, num_layers: int | None 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--cases", nargs="+", metavar="CASE", type=case_argument,
-                        default=list(DEFAULT_MATRIX),
-                        help=f"case specs {CASE_SPEC}, e.g. "
-                             "wan2.1-t2v-14b@1280x720x81/v5e:4x4 (default: the 8 cases of "
-                             "aoizora_lab.bench.DEFAULT_MATRIX, on v5e, v6e and v5p)")
+    add_cases_option(parser, DEFAULT_MATRIX, "the 8 cases of aoizora_lab.bench.DEFAULT_MATRIX, "
+                                             "on v5e, v6e and v5p")
     parser.add_argument("--num-layers", type=int, default=None,
                         help="compile this many layers and fold the layer loop (default: full)")
     parser.add_argument("--budget", type=int, default=20_000,

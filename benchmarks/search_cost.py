@@ -17,8 +17,8 @@ import argparse
 from collections.abc import Iterable
 
 from aoizora_lab.bench import SEARCH_COST_MATRIX, SearchCost, search_cost
-from aoizora_lab.bench.report import case_argument
-from aoizora_lab.cases import CASE_SPEC, Case
+from aoizora_lab.bench.report import add_cases_option
+from aoizora_lab.cases import Case
 
 
 def run(cases: Iterable[Case | str] = SEARCH_COST_MATRIX, *, num_layers: int | None = None,
@@ -31,11 +31,8 @@ def run(cases: Iterable[Case | str] = SEARCH_COST_MATRIX, *, num_layers: int | N
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--cases", nargs="+", metavar="CASE", type=case_argument,
-                        default=list(SEARCH_COST_MATRIX),
-                        help=f"case specs {CASE_SPEC} (default: "
-                             "wan2.1-t2v-14b@1280x720x81/v5e:4x4, the case the targets are "
-                             "stated for)")
+    add_cases_option(parser, SEARCH_COST_MATRIX,
+                     "wan2.1-t2v-14b@1280x720x81/v5e:4x4, the case the targets are stated for")
     parser.add_argument("--num-layers", type=int, default=None,
                         help="compile depth (default: the planner's, the full model)")
     parser.add_argument("--budget", type=int, default=20_000,

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from aoizora_lab.cases import Case, parse_case
+from aoizora_lab.cases import CASE_SPEC, Case, parse_case
 from aoizora_lab.errors import AoizoraError
 from aoizora_lab.topology import Topology
 from aoizora_lab.workload import Workload
@@ -70,6 +70,15 @@ def case_argument(spec: str) -> Case:
         return parse_case(spec)
     except AoizoraError as err:
         raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def add_cases_option(parser: argparse.ArgumentParser, default: Sequence[str],
+                     about: str | None = None) -> None:
+    """The scripts' ``--cases CASE ...`` (parsed by :func:`case_argument`), ``default`` when
+    not given; ``about`` describes the default in the help (else it is listed)."""
+    parser.add_argument("--cases", nargs="+", metavar="CASE", type=case_argument,
+                        default=list(default),
+                        help=f"case specs {CASE_SPEC} (default: {about or ', '.join(default)})")
 
 
 def met(condition: Any) -> str:
