@@ -1,6 +1,11 @@
 """A chosen plan as ordinary JAX objects: a ``Mesh`` in the placement's device order, the
 candidate's shardings, a portable JSON file, and the compiled step.
 
+:meth:`Plan.verify` checks that the realised plan is what was scored: it compiles the plan on
+its own mesh (its device order, not the plain order the compile sweep used) and compares the
+collectives (kind, logical replica groups, bytes, runs, the compiler's algorithm and schedule)
+and the predicted step with the program the search priced (a :class:`Realisation`).
+
 The plan file (schema version 1) stores the placement as the *physical coordinates* of each
 logical device, not as device indices, so it moves between VMs of the same slice shape:
 
@@ -13,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -20,13 +26,16 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from aoizora_lab.candidates import Candidate
-from aoizora_lab.cost import Predicted
+from aoizora_lab.cost import Predicted, predict
 from aoizora_lab.errors import AoizoraError
 from aoizora_lab.placement import Placement
+from aoizora_lab.records import Records
 from aoizora_lab.topology import Topology
 from aoizora_lab.workload import Workload
 
 if TYPE_CHECKING:
+    import pandas as pd
+
     from aoizora_lab.hlo import CommProgram
 
 PLAN_SCHEMA_VERSION = 1
@@ -104,6 +113,14 @@ class Plan:
         compiled = self.compile(devices, num_layers=num_layers)
         return program_at_depth(compiled.as_text(), self.candidate.num_devices, num_layers,
                                 depth)
+
+    def verify(self, num_layers: int | None = None, scored: CommProgram | None = None
+               ) -> Realisation:
+        """Compile this plan on its own mesh (the placement's device order on the topology's
+        devices: the ``Mesh`` that :meth:`mesh` realises) and compare it with the program the
+        search scored (``scored``; default :attr:`program`): collectives and predicted step
+        (:func:`compare_realised`). ``num_layers`` as for :meth:`compiled_program`."""
+        return compare_realised(self, self.compiled_program(num_layers), scored)
 
     def run(self, params: Any, inputs: dict[str, Any], devices: Any = None) -> Any:
         """Run one denoising step under this plan on live devices."""
@@ -197,6 +214,144 @@ class Plan:
                        placement=placement, predicted=predicted)
         except AoizoraError as err:
             raise AoizoraError(f"Plan file {path}: {err}") from None
+
+
+TIME_TOLERANCE = 1e-9
+"""Relative difference under which two predicted times are the same (summation order)."""
+
+_Key = tuple[str, tuple[tuple[int, ...], ...], float, int]
+
+
+@dataclass(frozen=True)
+class Difference:
+    """One way a realised plan's compile differs from the program the search scored."""
+
+    what: str
+    """``missing`` (scored, absent from the realised compile), ``extra`` (realised, never
+    scored), ``algorithm`` (the same collectives under another compiler strategy label or
+    schedule, synchronous or asynchronous) or ``time`` (another predicted step)."""
+    kind: str = ""
+    """The collective's kind ("" for ``time``)."""
+    groups: tuple[tuple[int, ...], ...] = ()
+    """Its replica groups as sorted logical ids (``collective-permute``: its sorted
+    (source, target) pairs)."""
+    bytes: float = 0.0
+    """Result bytes on one device."""
+    count: int = 0
+    """Runs per step."""
+    copies: int = 0
+    """How many HLO collectives with these values differ."""
+    detail: str = ""
+    """Both sides' values, in words."""
+
+
+class Differences(Records[Difference]):
+    """The differences of a :class:`Realisation`, collectives first, the time last."""
+
+    COLUMNS = ("what", "kind", "group_size", "num_groups", "bytes", "count", "copies", "groups",
+               "detail")
+
+    def row(self, item: Difference) -> dict[str, Any]:
+        return {"what": item.what, "kind": item.kind,
+                "group_size": len(item.groups[0]) if item.groups else 0,
+                "num_groups": len(item.groups), "bytes": item.bytes, "count": item.count,
+                "copies": item.copies, "groups": item.groups, "detail": item.detail}
+
+
+@dataclass(frozen=True, eq=False)
+class Realisation:
+    """A plan compiled on its own mesh against the program the search scored
+    (:meth:`Plan.verify`, :func:`compare_realised`)."""
+
+    scored: CommProgram
+    """The program the search priced the plan with."""
+    realised: CommProgram
+    """The plan's own compile, read as the compile sweep reads programs."""
+    scored_predicted: Predicted
+    """:func:`~aoizora_lab.cost.predict` of :attr:`scored` on the plan's placement."""
+    realised_predicted: Predicted
+    """:func:`~aoizora_lab.cost.predict` of :attr:`realised` on the plan's placement."""
+    differences: Differences
+    """Every difference; empty when the realised plan is what was scored."""
+
+    @property
+    def equal(self) -> bool:
+        """Whether the realised plan is what was scored: the same collectives (kind, logical
+        groups, bytes, runs), each under the same algorithm and schedule, and the same
+        predicted step."""
+        return not self.differences
+
+    def summary(self) -> str:
+        """One sentence: equal or not, and how."""
+        if self.equal:
+            return (f"The realised plan is what was scored: {len(self.realised.collectives)} "
+                    "collectives (kind, logical groups, bytes, runs, algorithm) and the "
+                    f"predicted step ({self.realised_predicted.total_s:.4g} s) are equal.")
+        tally: dict[str, int] = {}
+        for d in self.differences:
+            tally[d.what] = tally.get(d.what, 0) + (d.copies or 1)
+        return ("The realised plan DIFFERS from what was scored: "
+                + ", ".join(f"{n} {what}" for what, n in tally.items())
+                + f"; predicted step {self.scored_predicted.total_s:.4g} s scored, "
+                f"{self.realised_predicted.total_s:.4g} s realised.")
+
+    def to_frame(self) -> pd.DataFrame:
+        """One row per difference (no rows when :attr:`equal`)."""
+        return self.differences.to_frame()
+
+
+def compare_realised(plan: Plan, realised: CommProgram, scored: CommProgram | None = None
+                     ) -> Realisation:
+    """Compare ``realised`` (a compile of ``plan`` on its own mesh) with ``scored`` (default
+    ``plan.program``): collectives as multisets of (kind, logical groups, bytes, runs), the
+    algorithm and schedule of each, and :func:`~aoizora_lab.cost.predict` of both on the
+    plan's placement."""
+    scored = scored if scored is not None else plan.program
+    if scored is None:
+        raise AoizoraError(
+            f"Plan {plan.candidate.name!r} has no scored program to compare with (a plan read "
+            "from a file has none): pass scored=, e.g. PlanResult.programs"
+            f"[{plan.candidate.name!r}] of plan(...) at the same depth."
+        )
+    before, after = _labelled(scored), _labelled(realised)
+    found = []
+    for key in sorted(before.keys() | after.keys()):
+        was, now = before.get(key, []), after.get(key, [])
+        if len(was) != len(now):
+            found.append(Difference("missing" if len(was) > len(now) else "extra", *key,
+                                    abs(len(was) - len(now)),
+                                    f"{len(was)} scored, {len(now)} realised"))
+        elif was != now:
+            found.append(Difference("algorithm", *key,
+                                    sum(a != b for a, b in zip(was, now, strict=True)),
+                                    f"scored {_labels(was)}; realised {_labels(now)}"))
+    prices = [predict(p, plan.topology, plan.placement) for p in (scored, realised)]
+    moved = [f"{name} {getattr(prices[0], name):.6g} s scored, {getattr(prices[1], name):.6g} s "
+             "realised" for name in ("compute_s", "comm_s", "total_s")
+             if not math.isclose(getattr(prices[0], name), getattr(prices[1], name),
+                                 rel_tol=TIME_TOLERANCE)]
+    if moved:
+        found.append(Difference("time", detail="; ".join(moved)))
+    return Realisation(scored, realised, *prices, Differences(found))
+
+
+def _labelled(program: CommProgram) -> dict[_Key, list[tuple[str, bool]]]:
+    """(strategy, asynchronous) of the program's collectives, sorted, by comparison key."""
+    sites = [(s.strategy, s.asynchronous) for s in program.sites]
+    found: dict[_Key, list[tuple[str, bool]]] = {}
+    for c, site in zip(program.collectives, sites or [("", False)] * len(program.collectives),
+                       strict=True):
+        # Members' order inside a group is the compiler's choice; the model's rings follow it,
+        # so a changed order shows in the predicted time, not here.
+        groups = c.groups if c.kind == "collective-permute" else map(sorted, c.groups)
+        key = (c.kind, tuple(sorted(tuple(g) for g in groups)), float(c.bytes), int(c.count))
+        found.setdefault(key, []).append(site)
+    return {key: sorted(labels) for key, labels in found.items()}
+
+
+def _labels(sites: list[tuple[str, bool]]) -> str:
+    return ", ".join(f"{strategy or 'no label'} ({'async' if asyn else 'sync'})"
+                     for strategy, asyn in sites)
 
 
 _PLAN_KEYS: dict[str, type] = {
