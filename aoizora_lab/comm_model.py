@@ -12,6 +12,13 @@ and contend), and turns the busiest link's load into time::
 where ``hops`` is the farthest any byte of the collective travels (the largest hop distance
 between two members of one group, twice for an all-reduce).
 
+**The intra-chip path.** Where a chip holds several devices (tpu7x: two chiplets), bytes between
+devices of one chip cross no ICI link but the chip's own path, one per chip, carrying both
+directions at ``ChipSpec.intra_chip_bandwidth`` (no ICI efficiency, no hop latency). A phase
+lasts as long as its slowest path: ``max(busiest ICI link bytes / (link_bandwidth *
+efficiency), busiest chip's intra-chip bytes / intra_chip_bandwidth)``. Generations whose
+``intra_chip_bandwidth`` is ``inf`` (all but tpu7x) price such bytes as free, as before.
+
 **Algorithms (modelling choices, each switchable through** :class:`ModelOptions` **).** A group
 is *regular* when its chips are every combination of a set of positions per physical axis
 (a line, a 2x2 block, a strided row...), with the same number of members on each chip.
@@ -25,13 +32,18 @@ is *regular* when its chips are every combination of a set of positions per phys
   ``multi_axis="concurrent"`` (default) the data is split over every order of the group's axes
   so all axes' links work at once (the book's ``V / (W * axes)``); ``"sequential"`` runs one
   order, axis 0 first.
+  A regular group with several members per chip gathers chip by chip and ends with an
+  *intra-chip phase*: every device needs the whole result, and what reached a chip reached one
+  of its devices, so each chip moves ``(members on it - 1) x result`` bytes between its devices.
 - ``all-gather`` of an irregular or scattered group: one bidirectional ring over the members in
-  the group's own order (the order the HLO lists them), each ring hop routed link by link.
+  the group's own order (the order the HLO lists them), each ring hop routed link by link (a
+  hop between two devices of one chip takes the intra-chip path).
 - ``reduce-scatter`` moves the same bytes as an all-gather whose result is the reduce-scatter's
   input; ``all-reduce`` is a reduce-scatter followed by an all-gather.
 - ``all-to-all``: every member sends a ``1/size`` slice of its result to every other member
   directly, each transfer routed link by link.
-- ``collective-permute``: each (source, target) pair sends its whole result.
+- ``collective-permute``: each (source, target) pair sends its whole result (a device's send to
+  itself is priced as a same-chip transfer: a local copy).
 
 Routing is dimension-ordered; with ``routing="balanced"`` (default) each transfer's bytes are
 split evenly over every axis order and both ways of a tied wrapped axis, which keeps the model
@@ -164,10 +176,15 @@ class CommEstimate:
     latency_seconds: float
     """The part of ``seconds`` spent in per-hop latency."""
     link_bytes: np.ndarray
-    """``float`` array ``[num_chips, ndim, 2]``: bytes per directed link, all runs included
+    """``float`` array ``[num_chips, ndim, 2]``: bytes per directed ICI link, all runs included
     (indexed like :attr:`Topology.link_target`)."""
+    chip_bytes: np.ndarray
+    """``float`` array ``[num_chips]``: bytes moved between the devices of each chip over its
+    intra-chip path, all runs included (where a chip holds one device, only a permute's sends
+    of a device to itself, which its ``inf`` bandwidth prices as free)."""
     busiest_link: Link | None
-    """The link that carries the most bytes, or ``None`` when no byte crosses a link."""
+    """The link (or intra-chip path, :attr:`Link.intra_chip`) whose bytes take longest at its
+    bandwidth, or ``None`` when no byte takes time on any."""
     busiest_link_bytes: float
     """Bytes on ``busiest_link``."""
     parts: tuple[CommEstimate, ...] = field(default=())
@@ -203,13 +220,14 @@ def estimate(
     items = list(getattr(collectives, "collectives", collectives))
     parts = tuple(_estimate_one(c, topology, device_of, chip, options) for c in items)
     link_bytes = sum((p.link_bytes for p in parts), np.zeros(_load_shape(topology)))
-    busiest, busiest_bytes = _busiest(link_bytes, topology)
+    chip_bytes = sum((p.chip_bytes for p in parts), np.zeros(topology.num_chips))
+    busiest, busiest_bytes = _busiest(link_bytes, chip_bytes, topology, chip)
     return CommEstimate(
         seconds=sum(p.seconds for p in parts),
         bandwidth_seconds=sum(p.bandwidth_seconds for p in parts),
         latency_seconds=sum(p.latency_seconds for p in parts),
-        link_bytes=link_bytes, busiest_link=busiest, busiest_link_bytes=busiest_bytes,
-        parts=parts,
+        link_bytes=link_bytes, chip_bytes=chip_bytes, busiest_link=busiest,
+        busiest_link_bytes=busiest_bytes, parts=parts,
     )
 
 
@@ -238,26 +256,41 @@ _ROUTE_MATRICES: dict[tuple, Any] = {}
 def route_matrix(topology: Topology, options: ModelOptions | None = None) -> Any:
     """Bytes on each directed link per byte sent, for every ordered pair of chips.
 
-    A ``scipy.sparse`` matrix ``[num_chips ** 2, num_links]``: row ``src * num_chips + dst``,
-    column the link slot of ``route_loads(...).ravel()``. The model's routing is linear in
-    bytes, so the link loads of any set of transfers are ``traffic @ route_matrix`` with
-    ``traffic`` the bytes per chip pair. Example: on a 4-chip line, row ``0 * 4 + 2`` has 1.0
-    on the + links of chips 0 and 1. Cached per slice shape, wraparound and routing.
+    A ``scipy.sparse`` matrix ``[num_chips ** 2, num_links + intra]``: row ``src * num_chips +
+    dst``, column the link slot of ``route_loads(...).ravel()``, then (where a chip holds
+    several devices, :func:`intra_chip_slots`) one column per chip for its intra-chip path,
+    which row ``c * num_chips + c`` loads. The model's routing is linear in bytes, so the link
+    loads of any set of transfers are ``traffic @ route_matrix`` with ``traffic`` the bytes per
+    chip pair. Example: on a 4-chip line, row ``0 * 4 + 2`` has 1.0 on the + links of chips 0
+    and 1. Cached per slice shape, wraparound, intra-chip columns and routing.
     """
     from scipy import sparse
 
     options = options or ModelOptions()
-    key = (tuple(topology.shape), tuple(topology.wrap), options.routing)
+    intra = intra_chip_slots(topology)
+    key = (tuple(topology.shape), tuple(topology.wrap), intra, options.routing)
     matrix = _ROUTE_MATRICES.get(key)
     if matrix is None:
         chips = topology.num_chips
+        ici = int(np.prod(_load_shape(topology)))
         src, dst = np.divmod(np.arange(chips * chips), chips)
         pair, slot, amount = topology.route_entries(src, dst, 1.0,
                                                     **_routing(topology, options))
-        matrix = sparse.csr_matrix((amount, (pair, slot)),
-                                   shape=(chips * chips, int(np.prod(_load_shape(topology)))))
+        if intra:
+            same = np.arange(chips)
+            pair = np.concatenate([pair, same * chips + same])
+            slot = np.concatenate([slot, ici + same])
+            amount = np.concatenate([amount, np.ones(chips)])
+        matrix = sparse.csr_matrix((amount, (pair, slot)), shape=(chips * chips, ici + intra))
         _ROUTE_MATRICES[key] = matrix
     return matrix
+
+
+def intra_chip_slots(topology: Topology) -> int:
+    """Intra-chip columns of :func:`route_matrix`: one per chip where a chip holds several
+    devices, else none (so one-device-per-chip slices keep exactly the ICI columns)."""
+    return topology.num_chips if topology.devices_per_chip > 1 else 0
+
 
 
 # ----------------------------------------------------------------------------- internals
@@ -291,12 +324,18 @@ def _placement_array(placement: Sequence[int] | np.ndarray | None,
     return order
 
 
-def _busiest(link_bytes: np.ndarray, topology: Topology) -> tuple[Link | None, float]:
+def _busiest(link_bytes: np.ndarray, chip_bytes: np.ndarray, topology: Topology,
+             chip: ChipSpec) -> tuple[Link | None, float]:
+    """The ICI link or intra-chip path whose bytes take longest (ties: the ICI link)."""
     peak = float(link_bytes.max(initial=0.0))
+    on_chip = float(chip_bytes.max(initial=0.0))
+    if on_chip / chip.intra_chip_bandwidth > peak / (chip.ici_link_bandwidth
+                                                     * chip.ici_efficiency):
+        return topology.intra_chip_link(int(np.argmax(chip_bytes))), on_chip
     if peak <= 0:
         return None, 0.0
-    chip, axis, direction = np.unravel_index(int(np.argmax(link_bytes)), link_bytes.shape)
-    return topology.link(int(chip), int(axis), int(direction)), peak
+    index, axis, direction = np.unravel_index(int(np.argmax(link_bytes)), link_bytes.shape)
+    return topology.link(int(index), int(axis), int(direction)), peak
 
 
 def _estimate_one(collective: Collective, topology: Topology, device_of: np.ndarray,
@@ -310,22 +349,29 @@ def _estimate_one(collective: Collective, topology: Topology, device_of: np.ndar
     group_chips = [chips_of[list(g)] for g in collective.groups]
     phases = _phases(collective, group_chips, topology, options)
     link_bytes = np.zeros(_load_shape(topology))
+    chip_bytes = np.zeros(topology.num_chips)
     bandwidth_seconds = 0.0
     for src, dst, size in phases:
         loads = topology.route_loads(src, dst, size, **_routing(topology, options))
-        bandwidth_seconds += loads.max(initial=0.0) / (chip.ici_link_bandwidth
-                                                        * chip.ici_efficiency)
+        same = src == dst
+        on_chip = np.bincount(src[same], size[same], minlength=topology.num_chips)
+        bandwidth_seconds += max(
+            loads.max(initial=0.0) / (chip.ici_link_bandwidth * chip.ici_efficiency),
+            on_chip.max(initial=0.0) / chip.intra_chip_bandwidth)
         link_bytes += loads
+        chip_bytes += on_chip
     hops = _farthest_hops(collective, group_chips, topology)
     latency_seconds = hops * chip.ici_hop_latency
     count = collective.count
     link_bytes *= count
-    busiest, busiest_bytes = _busiest(link_bytes, topology)
+    chip_bytes *= count
+    busiest, busiest_bytes = _busiest(link_bytes, chip_bytes, topology, chip)
     return CommEstimate(
         seconds=count * (bandwidth_seconds + latency_seconds),
         bandwidth_seconds=count * bandwidth_seconds,
         latency_seconds=count * latency_seconds,
-        link_bytes=link_bytes, busiest_link=busiest, busiest_link_bytes=busiest_bytes,
+        link_bytes=link_bytes, chip_bytes=chip_bytes, busiest_link=busiest,
+        busiest_link_bytes=busiest_bytes,
     )
 
 
@@ -403,8 +449,6 @@ def all_gather_phases(chips: np.ndarray, shard: float, topology: Topology,
     if not regular:
         return [ring_flows(chips, shard)]
     spanned = [a for a in range(topology.ndim) if len(positions[a]) > 1]
-    if not spanned:
-        return []  # every member on one chip: nothing crosses a link
     orders = (list(itertools.permutations(spanned)) if options.multi_axis == "concurrent"
               else [tuple(spanned)])
     data = shard * per_chip[0] / len(orders)  # bytes each chip holds of one order's share
@@ -416,6 +460,9 @@ def all_gather_phases(chips: np.ndarray, shard: float, topology: Topology,
             held = data * math.prod(len(positions[a]) for a in order[:step])
             flows.extend(_line_rings(unique, axis, positions[axis], held, topology))
         phases.append(tuple(np.concatenate([f[i] for f in flows]) for i in range(3)))
+    if per_chip[0] > 1:  # the intra-chip phase (module docstring)
+        within = (per_chip[0] - 1) * shard * len(chips)
+        phases.append((unique, unique, np.full(len(unique), within)))
     return phases
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,7 +40,7 @@ class ChipSpec:
     """Constants of one TPU chip generation, as the planner's models use them."""
 
     generation: str
-    """Short generation name: ``"v4"``, ``"v5e"``, ``"v5p"`` or ``"v6e"``."""
+    """Short generation name: ``"v4"``, ``"v5e"``, ``"v5p"``, ``"v6e"`` or ``"tpu7x"``."""
     peak_bf16_flops: float
     """Peak dense bf16 FLOP/s of one chip."""
     hbm_bytes: float
@@ -56,6 +57,10 @@ class ChipSpec:
     """Fraction of ``ici_link_bandwidth`` a large (bandwidth-bound) transfer achieves."""
     torus_ndim: int
     """Number of physical torus axes of a slice of this generation (2 or 3)."""
+    intra_chip_bandwidth: float = math.inf
+    """Bytes/s the devices of one chip exchange with each other, both directions together,
+    on the chip's own path (never an ICI link). Only matters where a chip holds several
+    devices (tpu7x: two chiplets); ``inf`` prices such transfers as free."""
     source: str = "defaults"
     """Where the numbers came from: ``"defaults"``, a calibration file, or ``"overrides"``."""
 
@@ -109,6 +114,8 @@ _DEFAULTS: dict[str, ChipSpec] = {
         ici_hop_latency=1e-6,  # scaling book
         ici_efficiency=0.95,  # scaling book, measured on v5e (same link generation assumed)
         torus_ndim=3,
+        # Default (free): deviceless v4 has a device per TensorCore, but both share one HBM
+        # and run as one "megacore" in practice (MaxText's v4 chip config).
     ),
     "v5e": ChipSpec(
         generation="v5e",
@@ -143,13 +150,38 @@ _DEFAULTS: dict[str, ChipSpec] = {
         ici_efficiency=0.95,  # scaling book's v5e figure, assumed to carry over
         torus_ndim=2,
     ),
+    "tpu7x": ChipSpec(
+        # Ironwood. Cloud docs: TPU7x page, system architecture table (the Ironwood
+        # announcement agrees: 192 GB HBM, 7.37 TB/s, 9.6 Tb/s = 1.2 TB/s ICI per chip).
+        generation="tpu7x",
+        peak_bf16_flops=2.307e15,  # cloud docs: 2307 TFLOPs bf16 per chip
+        hbm_bytes=192 * GiB,  # cloud docs: 192 GiB per chip
+        hbm_usable_bytes=192 * GiB,  # no compiler figure known: assume all of it
+        hbm_bandwidth=7.38e12,  # cloud docs: 7380 GB/s per chip
+        # No scaling-book figure for TPU7x. The cloud docs give it the same per-chip ICI total
+        # as v5p (1200 GB/s bidirectional), so the book's v5p per-link figure is the default,
+        # as for v5p; the docs' total over 6 links x 2 directions (1e11) is the alternative.
+        ici_link_bandwidth=9e10,
+        ici_hop_latency=1e-6,  # scaling book (per hop, all generations)
+        ici_efficiency=0.95,  # scaling book's v5e figure, assumed to carry over
+        torus_ndim=3,  # cloud docs: 3D torus, 4x4x4 cubes joined by optical switches
+        # No published die-to-die bandwidth found (cloud docs, Ironwood announcement, Hot
+        # Chips 2025 coverage, scaling book). Derived upper bound: each chiplet has half the
+        # chip's HBM bandwidth (8 HBM3E stacks per chip, Hot Chips 2025; an even split
+        # assumed); a byte moved between the chiplets is read from one chiplet's HBM and
+        # written to the other's, so each HBM serves every exchanged byte once and the
+        # exchange, both directions together, is at most 7.38e12 / 2 = 3.69e12 B/s.
+        # Calibrate on a live slice.
+        intra_chip_bandwidth=7.38e12 / 2,
+    ),
 }
 
 GENERATIONS: tuple[str, ...] = tuple(_DEFAULTS)
 
 # The other published ICI figure: the Google Cloud TPU docs' per-chip totals divided by the
 # ports. Pass it as an override to model with it instead of the scaling book's number.
-ICI_LINK_BANDWIDTH_CLOUD: dict[str, float] = {"v5e": 5e10, "v5p": 1e11, "v6e": 1e11}
+ICI_LINK_BANDWIDTH_CLOUD: dict[str, float] = {"v5e": 5e10, "v5p": 1e11, "v6e": 1e11,
+                                              "tpu7x": 1e11}
 
 
 def default_calibration_dir() -> Path:
@@ -167,8 +199,10 @@ def check_generation(generation: str) -> str:
     """Return ``generation`` normalised (``"V5E"`` -> ``"v5e"``) or raise naming the valid ones."""
     normalised = str(generation).strip().lower()
     if normalised not in _DEFAULTS:
+        hint = " (TPU v7x / Ironwood is 'tpu7x', as libtpu names it)" if "7" in normalised else ""
         raise AoizoraError(
-            f"Unknown TPU generation {generation!r}; known generations are {list(GENERATIONS)}."
+            f"Unknown TPU generation {generation!r}; known generations are "
+            f"{list(GENERATIONS)}{hint}."
         )
     return normalised
 

@@ -54,6 +54,7 @@ from aoizora_lab.comm_model import (
     estimate,
     gathered_shard,
     group_layout,
+    intra_chip_slots,
     ring_flows,
     route_matrix,
 )
@@ -343,6 +344,16 @@ class PlacementScorer:
         self.structures = [(kind, np.array(groups, dtype=np.int64), w[0], w[1])
                            for (kind, groups), w in merged.items() if w[1] > 0]
         routes = route_matrix(topology, self.options)
+        intra = intra_chip_slots(topology)
+        if intra:
+            # Intra-chip columns in ICI-link-equivalent bytes, so that every load below takes
+            # load / (link bandwidth * efficiency) seconds, whichever path carries it.
+            from scipy import sparse
+
+            scale = np.ones(routes.shape[1])
+            scale[-intra:] = (self.chip.ici_link_bandwidth * self.chip.ici_efficiency
+                              / self.chip.intra_chip_bandwidth)
+            routes = (routes @ sparse.diags(scale)).tocsr()
         # Dense routes and traffic are faster while they are small (16 chips: 256 x 64).
         self._dense = routes.shape[0] * routes.shape[1] <= 1 << 22
         self._routes = routes.toarray() if self._dense else routes

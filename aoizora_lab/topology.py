@@ -2,21 +2,26 @@
 
 A :class:`Topology` says where every device of a slice sits. Row *i* of ``coords`` is the
 physical position of device *i*; a *placement* later maps logical device ids onto these rows.
-Positions are chip coordinates ``(x, y)`` on v5e/v6e and ``(x, y, z)`` on v4/v5p; a name such
-as ``"v5e:2x4"`` means 2 chips along x and 4 along y, exactly as libtpu reads it.
+Positions are chip coordinates ``(x, y)`` on v5e/v6e and ``(x, y, z)`` on v4/v5p/tpu7x; a name
+such as ``"v5e:2x4"`` means 2 chips along x and 4 along y, exactly as libtpu reads it. A chip
+may hold several devices: TPU7x (Ironwood) has two chiplets, each its own device
+(``tpu7x:2x2x1`` is 4 chips, 8 devices), and deviceless v4 gives one device per TensorCore.
 
 Wraparound follows the hardware rules (the scaling book; the ``wrap`` field of MaxText's
 ``accelerator_to_spec_map``):
 
 - v5e / v6e: an axis has a wraparound link only when its length is 16, so ``v5e:4x4`` is a
   plain mesh, ``v5e:8x16`` wraps on the 16 axis and ``v5e:16x16`` on both;
-- v4 / v5p: a slice whose three axes are all multiples of 4 (``4x4x4`` and larger) is a full
-  3D torus; the smaller ``2x2x1``, ``2x2x2``, ``2x2x4`` and ``2x4x4`` have no wraparound.
+- v4 / v5p / tpu7x: a slice whose three axes are all multiples of 4 (``4x4x4`` and larger) is
+  a full 3D torus; the smaller ``2x2x1``, ``2x2x2``, ``2x2x4`` and ``2x4x4`` (and tpu7x's
+  single-chip ``1x1x1``) have no wraparound.
 
 Links are directed: every neighbour pair along an axis has one link per direction, and a
 wrapped axis of length *n* adds the pair ``(n-1, 0)``. Link loads are arrays of shape
 ``[num_chips, ndim, 2]`` indexed by (source chip, axis, direction), direction 0 = towards
 larger coordinates (+), 1 = towards smaller (-); chips are numbered row-major over ``shape``.
+Traffic between two devices of one chip crosses no ICI link: :meth:`Topology.intra_chip_link`
+names that path (the comm model prices it with ``ChipSpec.intra_chip_bandwidth``).
 
 Routes are dimension-ordered: a transfer first moves along axis 0 until its x matches, then
 along axis 1, then axis 2. On a wrapped axis it takes the shorter way round; **on a tie**
@@ -49,16 +54,20 @@ PLUS, MINUS = 0, 1
 """Direction index of a link: towards larger (+) or smaller (-) coordinates."""
 
 # Slice shapes each generation is offered in (Google Cloud TPU docs; libtpu's deviceless
-# topologies).
+# topologies; for tpu7x the shapes of xpk's system_characteristics and MaxText's
+# accelerator_to_spec_map, which also give its wraparound: none below 4x4x4, full torus from it).
 SLICE_SHAPES_2D: tuple[Shape, ...] = (
     (1, 1), (2, 2), (2, 4), (4, 4), (4, 8), (8, 8), (8, 16), (16, 16),
 )
 SMALL_SLICE_SHAPES_3D: tuple[Shape, ...] = ((2, 2, 1), (2, 2, 2), (2, 2, 4), (2, 4, 4))
-MAX_CHIPS_3D = {"v4": 4096, "v5p": 8960}  # full pod sizes (cloud docs)
-TORUS_NDIM = {"v4": 3, "v5e": 2, "v5p": 3, "v6e": 2}
-DEVICES_PER_CHIP = {"v4": 2}  # libtpu's deviceless v4 gives one device per TensorCore
+SINGLE_CHIP_3D = {"tpu7x": (1, 1, 1)}  # tpu7x-standard-1t (xpk); libtpu has no deviceless one
+MAX_CHIPS_3D = {"v4": 4096, "v5p": 8960, "tpu7x": 9216}  # full pod sizes (cloud docs)
+TORUS_NDIM = {"v4": 3, "v5e": 2, "v5p": 3, "v6e": 2, "tpu7x": 3}
+# libtpu's deviceless v4 gives one device per TensorCore; TPU7x has one device per chiplet
+# (cloud docs: "two TPU devices" per chip; deviceless tpu7x:2x2x1 has 8 devices).
+DEVICES_PER_CHIP = {"v4": 2, "tpu7x": 2}
 _DEVICE_KINDS = {"TPU v4": "v4", "TPU v5 lite": "v5e", "TPU v5e": "v5e", "TPU v5": "v5p",
-                 "TPU v5p": "v5p", "TPU v6 lite": "v6e", "TPU v6e": "v6e"}
+                 "TPU v5p": "v5p", "TPU v6 lite": "v6e", "TPU v6e": "v6e", "TPU7x": "tpu7x"}
 
 
 class Link(NamedTuple):
@@ -71,11 +80,20 @@ class Link(NamedTuple):
     axis: int
     """Physical axis the link runs along."""
     direction: int
-    """+1 towards larger coordinates, -1 towards smaller (across the wrap on a wraparound link)."""
+    """+1 towards larger coordinates, -1 towards smaller (across the wrap on a wraparound link);
+    0 on the intra-chip path."""
     wraparound: bool
     """Whether this is the link that closes a wrapped axis."""
 
+    @property
+    def intra_chip(self) -> bool:
+        """Whether this is the path between the devices of one chip (``src == dst``), whose
+        ``axis`` is the slice's ``ndim`` (the cores axis of :meth:`Topology.device_grid`)."""
+        return self.src == self.dst
+
     def __str__(self) -> str:
+        if self.intra_chip:
+            return f"{self.src} within chip"
         arrow = "->" if not self.wraparound else "~>"
         return f"{self.src}{arrow}{self.dst}"
 
@@ -89,11 +107,16 @@ def default_wrap(generation: str, shape: Shape) -> tuple[bool, ...]:
     return (full_torus,) * len(shape)
 
 
+def _small_shapes_3d(generation: str) -> tuple[Shape, ...]:
+    single = SINGLE_CHIP_3D.get(generation)
+    return SMALL_SLICE_SHAPES_3D if single is None else (single, *SMALL_SLICE_SHAPES_3D)
+
+
 def offered_shapes_text(generation: str) -> str:
     """The slice shapes ``generation`` comes in, as text for error messages."""
     if TORUS_NDIM[generation] == 2:
         return ", ".join("x".join(map(str, s)) for s in SLICE_SHAPES_2D)
-    small = ", ".join("x".join(map(str, s)) for s in SMALL_SLICE_SHAPES_3D)
+    small = ", ".join("x".join(map(str, s)) for s in _small_shapes_3d(generation))
     return (f"{small}, or AxBxC with every axis a multiple of 4 (4x4x4, 4x4x8, ...) up to "
             f"{MAX_CHIPS_3D[generation]} chips")
 
@@ -102,7 +125,7 @@ def is_offered_shape(generation: str, shape: Shape) -> bool:
     """Whether ``shape`` is a slice shape ``generation`` comes in."""
     if TORUS_NDIM[generation] == 2:
         return shape in SLICE_SHAPES_2D
-    if shape in SMALL_SLICE_SHAPES_3D:
+    if shape in _small_shapes_3d(generation):
         return True
     return (len(shape) == 3 and all(n % 4 == 0 and n > 0 for n in shape)
             and math.prod(shape) <= MAX_CHIPS_3D[generation])
@@ -130,7 +153,7 @@ def parse_slice_name(name: str) -> tuple[str, Shape]:
     if not match:
         raise AoizoraError(
             f"Slice name {name!r} is not of the form GENERATION:SHAPE, e.g. 'v5e:4x4' or "
-            f"'v5p:2x2x4'; generations are {list(GENERATIONS)}."
+            f"'tpu7x:2x2x1'; generations are {list(GENERATIONS)}."
         )
     try:
         generation = check_generation(match.group(1))
@@ -319,7 +342,8 @@ class Topology:
 
     @property
     def devices_per_chip(self) -> int:
-        """Devices on each chip: 1, or 2 for deviceless v4 (one per TensorCore)."""
+        """Devices on each chip: 1, or 2 on tpu7x (one per chiplet) and deviceless v4 (one per
+        TensorCore)."""
         return self.num_devices // self.num_chips
 
     @functools.cached_property
@@ -389,6 +413,18 @@ class Topology:
     def links(self) -> list[Link]:
         """Every directed link, ordered by (source chip, axis, direction)."""
         return [self.link(*map(int, idx)) for idx in np.argwhere(self.link_exists)]
+
+    def intra_chip_link(self, chip: int) -> Link:
+        """The path between the devices of row-major chip ``chip``: no ICI link, the chip's own
+        (die-to-die on tpu7x). Only slices with several devices per chip have one."""
+        if self.devices_per_chip == 1 or not 0 <= chip < self.num_chips:
+            raise AoizoraError(
+                f"{self.name} has no intra-chip path at chip {chip!r}: it needs a chip index "
+                f"0..{self.num_chips - 1} on a slice with several devices per chip "
+                f"(this one has {self.devices_per_chip})."
+            )
+        coords = tuple(int(c) for c in self.chip_coords[chip])
+        return Link(coords, coords, self.ndim, 0, False)
 
     # ----------------------------------------------------------------- distances and routes
 
