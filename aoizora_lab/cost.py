@@ -1,23 +1,44 @@
-"""The one place a step's latency is priced: roofline compute, the ICI model, the overlap rule.
+"""The one place a step's latency is priced: compute per op, the ICI model, overlap read from
+the compiled schedule.
 
 Every latency the workbench prints comes from here: IR estimates and bounds (pruning), compiled
 programs on placements (planner, baselines, benchmarks), predictions that measurements are
 compared with.
 
-**Compute** of one op is its roofline, ``max(FLOPs / peak, HBM bytes / HBM bandwidth)``
-(:func:`roofline_seconds`; peak and bandwidth from :mod:`aoizora_lab.hardware`, each with its
-source); a program's ops run one after the other (:func:`compute_seconds`).
+**Compute** of one op (:func:`op_seconds`), two models (``compute_model``):
 
-**Communication** is the ICI model (:func:`aoizora_lab.comm_model.estimate`) on a placement.
+- ``"compiler"`` (default): the TPU compiler's own estimate, ``estimated_cycles`` in the op's
+  backend config, over the chip's clock (:attr:`ChipSpec.clock_hz`); ops without one (Pallas
+  attention kernels, programs compiled for CPU, generations of unknown clock) fall back to:
+- ``"roofline"``: ``max(FLOPs / (peak x efficiency), bytes / (HBM bandwidth x efficiency))``
+  with one efficiency per op class (matmul, attention kernel, memory-bound), the constants of
+  :class:`~aoizora_lab.hardware.ChipSpec` (sources there) that IR estimates use too.
 
-**Overlap rule** (:meth:`Predicted.overlapped`): collectives the compiler scheduled
-asynchronously (``*-start`` ops, async collective fusions) may hide behind compute, up to the
-compute time; synchronous ones add::
+A program's ops run one after the other (:func:`compute_seconds`).
 
-    total = compute + sync_comm + max(0, async_comm - compute)
+**Communication** of one collective is the ICI model (:func:`aoizora_lab.comm_model.estimate`)
+on a placement, and never less than its own HBM traffic (reading its operand and writing its
+result, :func:`hbm_seconds`).
 
-Worked example: 4 s of compute, 0.5 s of synchronous all-to-alls and 1 s of asynchronous
-weight all-gathers -> 4.5 s; with 5 s of all-gathers -> 5.5 s (1 s of them exposed).
+**Overlap from the schedule** (:func:`overlap_groups`). The compiled module is scheduled: an
+asynchronous collective runs from its start to its done, and only the compute the compiler
+placed between them, in that computation (per loop iteration), can hide it. Collectives in
+flight together form a group (asynchronous windows that overlap, and synchronous collectives
+issued inside such a window); a group's members share the links, so they are priced together::
+
+    group time  = max(window compute + synchronous members, joint link time)
+    exposed     = group time - window compute        (per run, times the runs per step)
+    joint time  = max(slowest member alone, busiest link of the members' summed loads)
+    total       = compute + sum of exposed over groups
+
+Worked example: a weight all-gather of 3 ms starts before a 2 ms matmul and is waited for
+after it: 1 ms is exposed. Started before a 5 ms matmul it hides entirely. A 1 ms synchronous
+all-to-all issued inside that 2 ms window adds 1 ms of compute-stream time and shares links
+with the gather: the group takes ``max(2 + 1, joint)`` with ``joint >= 3``, so 1 ms of the
+pair is exposed at best.
+
+:meth:`Predicted.overlapped` keeps the pooled rule (``compute + sync + max(0, async -
+compute)``) for IR estimates, which have no schedule: there it is an optimistic estimate.
 """
 
 from __future__ import annotations
@@ -26,14 +47,22 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from aoizora_lab.comm_model import estimate
-from aoizora_lab.hardware import ChipSpec, chip_spec
+from aoizora_lab.errors import AoizoraError
+from aoizora_lab.hardware import ChipSpec, device_spec
 from aoizora_lab.topology import Topology
 
 if TYPE_CHECKING:
     import pandas as pd
 
-    from aoizora_lab.hlo import CommProgram
+    from aoizora_lab.comm_model import Collective, CommEstimate
+    from aoizora_lab.hlo import CommProgram, ComputeOp
+
+COMPUTE_MODELS = ("compiler", "roofline")
+"""How one op's compute time is priced (module docstring)."""
+DEFAULT_COMPUTE_MODEL = "compiler"
 
 
 @dataclass(frozen=True)
@@ -41,17 +70,22 @@ class Predicted:
     """Predicted one-step latency and its parts, in seconds."""
 
     compute_s: float
-    """Per-device compute (ops at their roofline, one after the other)."""
+    """Per-device compute (ops one after the other)."""
     comm_s: float
-    """All communication, hidden or not (synchronous + asynchronous)."""
+    """All communication, hidden or not: every collective priced alone."""
     total_s: float
-    """The step: compute + synchronous + the exposed part of the asynchronous collectives."""
+    """The step: compute plus the communication the schedule leaves exposed."""
+
+    @property
+    def exposed_s(self) -> float:
+        """Communication not hidden behind compute (``total_s - compute_s``)."""
+        return self.total_s - self.compute_s
 
     @classmethod
     def overlapped(cls, compute_s: float, sync_comm_s: float,
                    async_comm_s: float) -> Predicted:
-        """The overlap rule (module docstring): asynchronous collectives hide behind compute up
-        to its length, synchronous ones add."""
+        """The pooled rule for programs without a schedule (IR estimates): asynchronous
+        collectives hide behind any compute up to its length, synchronous ones add."""
         return cls(float(compute_s), float(sync_comm_s + async_comm_s),
                    float(compute_s + sync_comm_s + max(0.0, async_comm_s - compute_s)))
 
@@ -64,29 +98,173 @@ def roofline_seconds(flops: float, hbm_bytes: float, chip: ChipSpec, *,
                hbm_bytes / (chip.hbm_bandwidth * hbm_efficiency))
 
 
-def compute_seconds(program: CommProgram, chip: ChipSpec) -> float:
-    """Per-device compute time of a compiled program: each top-level op at its roofline, one
-    after the other, times its runs per step."""
-    return sum(runs * roofline_seconds(f, b, chip) for f, b, runs, _ in program.ops)
+def _check_model(compute_model: str | None) -> str:
+    model = compute_model or DEFAULT_COMPUTE_MODEL
+    if model not in COMPUTE_MODELS:
+        raise AoizoraError(f"compute_model={compute_model!r}; use one of {COMPUTE_MODELS}.")
+    return model
 
 
-def split_by_overlap(program: CommProgram) -> tuple[list[Any], list[Any]]:
-    """The program's collectives as (synchronous, asynchronous), by their compiled sites."""
-    sync, asyn = [], []
-    for collective, site in zip(program.collectives, program.sites, strict=True):
-        (asyn if site.asynchronous else sync).append(collective)
-    return sync, asyn
+def op_seconds(op: ComputeOp, chip: ChipSpec, compute_model: str | None = None) -> float:
+    """Time of one run of a compiled compute op (module docstring)."""
+    if _check_model(compute_model) == "compiler" and op.estimated_cycles and chip.clock_hz:
+        return op.estimated_cycles / chip.clock_hz
+    efficiency = {"matmul": chip.matmul_efficiency,
+                  "attention": chip.attention_efficiency}.get(op.op_class, 1.0)
+    return roofline_seconds(op.flops, op.hbm_bytes, chip, compute_efficiency=efficiency,
+                            hbm_efficiency=chip.hbm_efficiency)
+
+
+def compute_seconds(program: CommProgram, chip: ChipSpec,
+                    compute_model: str | None = None) -> float:
+    """Per-device compute time of a compiled program: its ops one after the other, each times
+    its runs per step."""
+    return sum(op.runs * op_seconds(op, chip, compute_model) for op in program.ops)
+
+
+def hbm_seconds(collective: Collective, chip: ChipSpec) -> float:
+    """One run's HBM traffic of a collective: it reads its operand and writes its result."""
+    size = len(collective.groups[0]) if collective.kind != "collective-permute" else 1
+    operand = {"all-gather": collective.bytes / size,
+               "reduce-scatter": collective.bytes * size}.get(collective.kind, collective.bytes)
+    return (operand + collective.bytes) / (chip.hbm_bandwidth * chip.hbm_efficiency)
+
+
+# ----------------------------------------------------------------------------- overlap
+
+
+@dataclass(frozen=True)
+class OverlapGroup:
+    """Collectives of one computation in flight together, and the compute they can hide
+    behind."""
+
+    members: tuple[int, ...]
+    """Indices into the program's ``collectives``."""
+    asynchronous: tuple[bool, ...]
+    """Per member: asynchronous (runs beside compute) or synchronous (the schedule waits)."""
+    window_s: float
+    """Compute scheduled while the asynchronous members are in flight, per run."""
+    runs: int
+    """Runs per step (those of the computation)."""
+
+
+def _segments(start: int, done: int) -> list[tuple[float, float]]:
+    """Open intervals of schedule positions a collective is in flight over; a done before its
+    start waits in the next iteration of the loop body, so the window wraps."""
+    if done == start:
+        return []
+    if done > start:
+        return [(start, done)]
+    return [(start, np.inf), (-1, done)]
+
+
+def overlap_groups(program: CommProgram, chip: ChipSpec,
+                   compute_model: str | None = None) -> tuple[OverlapGroup, ...]:
+    """The program's collectives grouped by what is in flight together (module docstring);
+    every collective is in exactly one group, a synchronous one alone when nothing overlaps
+    it."""
+    sites = program.sites
+    if not sites:  # a bare list of collectives: all synchronous
+        return tuple(OverlapGroup((i,), (False,), 0.0, c.count)
+                     for i, c in enumerate(program.collectives))
+    parent = list(range(len(sites)))
+
+    def root(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    segments = [_segments(s.start, s.done) for s in sites]
+    by_computation: dict[str, list[int]] = {}
+    for i, site in enumerate(sites):
+        by_computation.setdefault(site.computation, []).append(i)
+    for members in by_computation.values():
+        for a_index, a in enumerate(members):
+            for b in members[a_index + 1:]:
+                together = any(lo1 < hi2 and lo2 < hi1 for lo1, hi1 in segments[a]
+                               for lo2, hi2 in segments[b])
+                together |= any(lo < sites[b].start < hi for lo, hi in segments[a]) \
+                    if not segments[b] else False
+                together |= any(lo < sites[a].start < hi for lo, hi in segments[b]) \
+                    if not segments[a] else False
+                if together:
+                    parent[root(b)] = root(a)
+    grouped: dict[int, list[int]] = {}
+    for i in range(len(sites)):
+        grouped.setdefault(root(i), []).append(i)
+    op_times = [op.runs * op_seconds(op, chip, compute_model) for op in program.ops]
+    groups = []
+    for members in grouped.values():
+        computation = sites[members[0]].computation
+        windows = [seg for i in members for seg in segments[i]]
+        runs = program.collectives[members[0]].count
+        window = sum(t for op, t in zip(program.ops, op_times, strict=True)
+                     for comp, position in op.anchors if comp == computation
+                     and any(lo < position < hi for lo, hi in windows)) / max(runs, 1)
+        groups.append(OverlapGroup(tuple(members), tuple(bool(segments[i]) for i in members),
+                                   window, runs))
+    return tuple(groups)
+
+
+def group_exposed(group: OverlapGroup, member_s: np.ndarray, joint_s: np.ndarray | float
+                  ) -> np.ndarray:
+    """Exposed seconds per run of ``group``: ``member_s`` are its members' times alone
+    (``[members, ...]``, one run), ``joint_s`` their time together on shared links."""
+    sync = sum(t for t, a in zip(member_s, group.asynchronous, strict=True) if not a)
+    together = np.maximum(np.max(member_s, axis=0), joint_s)
+    return np.maximum(group.window_s + sync, together) - group.window_s
+
+
+def _path_seconds(link_bytes: np.ndarray, chip_bytes: np.ndarray, chip: ChipSpec) -> float:
+    """Time of the busiest path: an ICI link, or a chip's own path between its devices."""
+    return max(float(link_bytes.max(initial=0.0)) / (chip.ici_link_bandwidth
+                                                     * chip.ici_efficiency),
+               float(chip_bytes.max(initial=0.0)) / chip.intra_chip_bandwidth)
+
+
+def _priced(program: CommProgram, topology: Topology, placement: Any, chip: ChipSpec,
+            compute_model: str | None) -> tuple[tuple[OverlapGroup, ...], list[float],
+                                               list[float], tuple[CommEstimate, ...]]:
+    """Overlap groups, per collective its time alone per run and its exposed time per step,
+    and the ICI estimates."""
+    parts = estimate(program.collectives, topology, placement, chip=chip).parts \
+        if program.collectives else ()
+    alone = [max(p.seconds / c.count, hbm_seconds(c, chip)) if c.count else 0.0
+             for c, p in zip(program.collectives, parts, strict=True)]
+    groups = overlap_groups(program, chip, compute_model)
+    exposed = [0.0] * len(alone)
+    for group in groups:
+        member_s = np.array([alone[i] for i in group.members])
+        joint = member_s.max()
+        if len(group.members) > 1:
+            runs = [program.collectives[i].count for i in group.members]
+            joint = _path_seconds(
+                sum(parts[i].link_bytes / n for i, n in zip(group.members, runs, strict=True)),
+                sum(parts[i].chip_bytes / n for i, n in zip(group.members, runs, strict=True)),
+                chip) + max(
+                parts[i].latency_seconds / program.collectives[i].count for i in group.members)
+        # Waits are exposed in full (a group exposes at least them); the asynchronous members
+        # share the rest in proportion to their time alone.
+        waits = member_s[~np.array(group.asynchronous)].sum()
+        rest = max(0.0, float(group_exposed(group, member_s, joint)) - waits)
+        hiding = member_s[np.array(group.asynchronous)].sum()
+        for i, t, a in zip(group.members, member_s, group.asynchronous, strict=True):
+            exposed[i] = group.runs * (rest * t / hiding if hiding else 0.0) if a \
+                else group.runs * t
+    return groups, alone, exposed, parts
 
 
 def predict(program: CommProgram, topology: Topology, placement: Any, *,
-            chip: ChipSpec | None = None) -> Predicted:
+            chip: ChipSpec | None = None, compute_model: str | None = None) -> Predicted:
     """Step latency of a compiled ``program`` on ``placement`` (a
-    :class:`~aoizora_lab.placement.Placement` or a device order) with the overlap rule."""
-    chip = chip or chip_spec(topology.generation)
-    sync, asyn = split_by_overlap(program)
-    return Predicted.overlapped(compute_seconds(program, chip),
-                                comm_seconds(sync, topology, placement, chip=chip),
-                                comm_seconds(asyn, topology, placement, chip=chip))
+    :class:`~aoizora_lab.placement.Placement` or a device order), overlap read from its
+    schedule (module docstring)."""
+    chip = device_spec(topology, chip)
+    compute = compute_seconds(program, chip, compute_model)
+    _, alone, exposed, _ = _priced(program, topology, placement, chip, compute_model)
+    comm = sum(t * c.count for t, c in zip(alone, program.collectives, strict=True))
+    return Predicted(compute, comm, compute + sum(exposed))
 
 
 def comm_seconds(collectives: Sequence[Any], topology: Topology, placement: Any = None, *,
@@ -97,15 +275,30 @@ def comm_seconds(collectives: Sequence[Any], topology: Topology, placement: Any 
     return estimate(list(collectives), topology, placement, chip=chip).seconds
 
 
-def breakdown(program: CommProgram, topology: Topology, placement: Any) -> pd.DataFrame:
-    """Per collective of ``program`` on ``placement``: kind, runs, group size, seconds, whether
-    the compiler made it asynchronous, busiest link and its bytes; heaviest first."""
+def breakdown(program: CommProgram, topology: Topology, placement: Any, *,
+              chip: ChipSpec | None = None, compute_model: str | None = None
+              ) -> pd.DataFrame:
+    """Per collective of ``program`` on ``placement``: kind, runs, group size, seconds (alone,
+    all runs), how much of it the schedule hides behind compute and how much is exposed,
+    whether the compiler made it asynchronous, the collectives in flight with it, busiest link
+    and its bytes; heaviest first."""
     import pandas as pd
 
-    result = estimate(program, topology, placement)
-    asynchronous = [s.asynchronous for s in program.sites] or [False] * len(result.parts)
-    rows = [{"collective": c.name, "kind": c.kind, "count": c.count,
-             "group_size": len(c.groups[0]), "seconds": p.seconds, "asynchronous": a,
-             "busiest_link": str(p.busiest_link or "-"), "busiest_bytes": p.busiest_link_bytes}
-            for c, a, p in zip(program.collectives, asynchronous, result.parts, strict=True)]
-    return pd.DataFrame(rows).sort_values("seconds", ascending=False).reset_index(drop=True)
+    chip = device_spec(topology, chip)
+    groups, alone, exposed, parts = _priced(program, topology, placement, chip, compute_model)
+    group_of = {i: g for g in groups for i in g.members}
+    rows = []
+    for i, (c, p) in enumerate(zip(program.collectives, parts, strict=True)):
+        seconds = alone[i] * c.count
+        rows.append({
+            "collective": c.name, "kind": c.kind, "count": c.count,
+            "group_size": len(c.groups[0]), "seconds": seconds,
+            "hidden_s": max(0.0, seconds - exposed[i]), "exposed_s": exposed[i],
+            "asynchronous": bool(program.sites[i].asynchronous) if program.sites else False,
+            "in_flight_with": len(group_of[i].members) - 1,
+            "window_s": group_of[i].window_s * group_of[i].runs,
+            "busiest_link": str(p.busiest_link or "-"), "busiest_bytes": p.busiest_link_bytes})
+    columns = ["collective", "kind", "count", "group_size", "seconds", "hidden_s", "exposed_s",
+               "asynchronous", "in_flight_with", "window_s", "busiest_link", "busiest_bytes"]
+    return pd.DataFrame(rows, columns=columns).sort_values(
+        "seconds", ascending=False).reset_index(drop=True)

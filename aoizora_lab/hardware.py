@@ -61,6 +61,17 @@ class ChipSpec:
     """Bytes/s the devices of one chip exchange with each other, both directions together,
     on the chip's own path (never an ICI link). Only matters where a chip holds several
     devices (tpu7x: two chiplets); ``inf`` prices such transfers as free."""
+    matmul_efficiency: float = 1.0
+    """Fraction of peak a matmul / convolution op achieves (sources: :data:`EFFICIENCY_SOURCES`)."""
+    attention_efficiency: float = 0.5
+    """Fraction of peak an attention kernel (splash) achieves (sources:
+    :data:`EFFICIENCY_SOURCES`)."""
+    hbm_efficiency: float = 0.37
+    """Fraction of HBM bandwidth a memory-bound op achieves (sources:
+    :data:`EFFICIENCY_SOURCES`)."""
+    clock_hz: float | None = None
+    """TensorCore clock, to turn the compiler's ``estimated_cycles`` into seconds: peak bf16
+    FLOP/s over the MXUs' FLOPs per cycle (``None``: unknown)."""
     source: str = "defaults"
     """Where the numbers came from: ``"defaults"``, a calibration file, or ``"overrides"``."""
 
@@ -76,11 +87,15 @@ class ChipSpec:
                     f"ChipSpec.{field.name}={value!r} for {self.generation!r} must be a positive "
                     "number; fix the override or calibration file that set it."
                 )
-        if self.ici_efficiency > 1:
-            raise AoizoraError(
-                f"ChipSpec.ici_efficiency={self.ici_efficiency!r} must be in (0, 1]: it is the "
-                "fraction of the nominal link bandwidth a transfer achieves."
-            )
+        for name in ("ici_efficiency", "matmul_efficiency", "attention_efficiency",
+                     "hbm_efficiency"):
+            if getattr(self, name) > 1:
+                raise AoizoraError(
+                    f"ChipSpec.{name}={getattr(self, name)!r} must be in (0, 1]: it is a "
+                    "fraction of a nominal rate."
+                )
+        if self.clock_hz is not None and not self.clock_hz > 0:
+            raise AoizoraError(f"ChipSpec.clock_hz={self.clock_hz!r} must be positive or None.")
         if self.hbm_usable_bytes > self.hbm_bytes:
             raise AoizoraError(
                 f"ChipSpec.hbm_usable_bytes={self.hbm_usable_bytes!r} exceeds hbm_bytes="
@@ -88,6 +103,18 @@ class ChipSpec:
             )
         if self.torus_ndim not in (2, 3):
             raise AoizoraError(f"ChipSpec.torus_ndim={self.torus_ndim!r} must be 2 or 3.")
+
+    def per_device(self, devices_per_chip: int) -> ChipSpec:
+        """One device's share where a chip holds several (tpu7x's two chiplets, deviceless
+        v4's two TensorCores): compute, HBM and HBM bandwidth split evenly; links, clock and
+        efficiencies unchanged. The chip itself for one device per chip."""
+        if devices_per_chip == 1:
+            return self
+        n = devices_per_chip
+        return dataclasses.replace(self, peak_bf16_flops=self.peak_bf16_flops / n,
+                                   hbm_bytes=self.hbm_bytes / n,
+                                   hbm_usable_bytes=self.hbm_usable_bytes / n,
+                                   hbm_bandwidth=self.hbm_bandwidth / n)
 
     def replace(self, *, source: str = "overrides", **overrides: float) -> ChipSpec:
         """Return a copy with some numbers replaced; unknown field names are an error."""
@@ -127,6 +154,8 @@ _DEFAULTS: dict[str, ChipSpec] = {
         ici_hop_latency=1e-6,  # scaling book
         ici_efficiency=0.95,  # scaling book: ~95 % of nominal for >= ~10 MB all-gathers, 8x16
         torus_ndim=2,
+        # cloud docs: one TensorCore with four MXUs; scaling book: an MXU is 128 x 128 MACs
+        clock_hz=1.97e14 / (4 * 128 * 128 * 2),
     ),
     "v5p": ChipSpec(
         generation="v5p",
@@ -149,6 +178,10 @@ _DEFAULTS: dict[str, ChipSpec] = {
         ici_hop_latency=1e-6,  # scaling book
         ici_efficiency=0.95,  # scaling book's v5e figure, assumed to carry over
         torus_ndim=2,
+        # cloud docs: 918 TFLOP/s from "two 256 x 256 MXUs"; the compiler's estimated_cycles
+        # reach 423k matmul FLOPs per cycle on v6e (Wan 14B@720p, v6e:2x4), above two MXUs'
+        # 262k, so its cycle is that of 4 x 256^2 MACs at peak: 1.75 GHz
+        clock_hz=9.18e14 / (4 * 256 * 256 * 2),
     ),
     "tpu7x": ChipSpec(
         # Ironwood. Cloud docs: TPU7x page, system architecture table (the Ironwood
@@ -177,6 +210,22 @@ _DEFAULTS: dict[str, ChipSpec] = {
 }
 
 GENERATIONS: tuple[str, ...] = tuple(_DEFAULTS)
+
+EFFICIENCY_SOURCES: dict[str, str] = {
+    "matmul_efficiency": (
+        "fitted to the TPU compiler's own per-op estimates (estimated_cycles over clock_hz): "
+        "the matmul-class ops of 12 compiled Wan 2.1 steps on v5e (libtpu of jax 0.10.2) "
+        "take 0.96x their FLOP/HBM roofline in total, i.e. no slowdown; capped at 1"),
+    "attention_efficiency": (
+        "no compiler estimate exists for Pallas kernels; calibrated from one published "
+        "measurement (benchmarks/published.py names it), the other rows validate it"),
+    "hbm_efficiency": (
+        "fitted like matmul_efficiency: the compiler prices the memory-class ops (elementwise "
+        "f32 math, norms, copies, RoPE) of the same steps at 2.7x their HBM roofline (0.37): "
+        "vector-unit work the roofline does not see"),
+}
+"""Where each compute efficiency default comes from; ``measure.calibrate`` can refit them on a
+TPU VM (the calibration file overrides them like any other field)."""
 
 # The other published ICI figure: the Google Cloud TPU docs' per-chip totals divided by the
 # ports. Pass it as an override to model with it instead of the scaling book's number.
@@ -273,3 +322,11 @@ def chip_spec(
     if overrides:
         spec = spec.replace(**overrides)
     return spec
+
+
+def device_spec(topology: Any, chip: ChipSpec | None = None) -> ChipSpec:
+    """What one device of ``topology`` (a :class:`~aoizora_lab.Topology`) computes and holds:
+    ``chip`` (default: its generation's spec) shared among the devices of a chip
+    (:meth:`ChipSpec.per_device`). Programs are per device, so their compute and memory are
+    priced with this."""
+    return (chip or chip_spec(topology.generation)).per_device(topology.devices_per_chip)

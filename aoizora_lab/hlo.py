@@ -22,6 +22,24 @@ its replica groups, its result bytes on one device, and how many times it runs p
 Example: ``%ag = bf16[1,1536,1536] all-gather(%p), replica_groups=mesh['x'=1,'y'=8] {'y'}``
 inside a loop body that runs 30 times gives ``Collective("all-gather", [[0, ..., 7]],
 bytes=4718592, count=30)``.
+
+**Schedule.** The TPU compiler prints a scheduled module (``is_scheduled=true``): the
+instructions of each computation in the order they run. Each collective's
+:class:`CollectiveSite` records where it starts and where it is waited for, and whether it is
+asynchronous, read from the HLO (never guessed from where it sits):
+
+- a ``*-start`` op (``all-gather-start``, ``collective-permute-start``, ``all-reduce-start``)
+  runs until the ``*-done`` that takes it as operand;
+- an ``async-start`` wrapper around a collective runs until its ``async-done``;
+- an **async collective fusion** is a chain of fusions that each hold a copy of the same
+  collective (same ``channel_id``): the one whose root is the ``AsyncCollectiveStart`` custom
+  call starts it, fusions in between compute while it runs (their copy is the same transfer,
+  not another one: counted once), the one whose root is ``AsyncCollectiveDone`` waits for it;
+- everything else is synchronous, including a ``kCustom`` fusion around a collective such as
+  the ``all-reduce-scatter`` fusion: the schedule waits for it where it stands.
+
+The compute ops (:class:`ComputeOp`) carry their place in the schedule too, so
+:mod:`aoizora_lab.cost` can tell which compute lies between a collective's start and done.
 """
 
 from __future__ import annotations
@@ -30,7 +48,7 @@ import dataclasses
 import math
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -66,8 +84,38 @@ class CollectiveSite:
     strategy: str
     """The compiler's ``collective_algorithm_config`` strategy (or emitter) label, if any."""
     asynchronous: bool = False
-    """Scheduled asynchronously (a ``*-start`` op or inside an async collective fusion), so it
-    may overlap independent compute."""
+    """Scheduled asynchronously (a start/done pair, an ``async-start`` wrapper or an async
+    collective fusion), so it may overlap the compute scheduled between its start and done."""
+    computation: str = ""
+    """The computation whose schedule holds the collective's start and done."""
+    start: int = 0
+    """Position of its start (of the op itself when synchronous) in that schedule."""
+    done: int = 0
+    """Position of the op that waits for it: ``start`` when synchronous; before ``start`` when
+    the wait comes in the next iteration of the loop the computation is the body of."""
+
+
+@dataclass(frozen=True)
+class ComputeOp:
+    """One top-level compute op of a compiled program on one device."""
+
+    flops: float
+    """Matmul, convolution and attention-kernel FLOPs (its fused computations included)."""
+    hbm_bytes: float
+    """Bytes of its operands and result: what it reads from and writes to HBM at least."""
+    runs: int
+    """Runs per step (its computation's runs)."""
+    outer_trips: int
+    """Trips of the outermost loop around it (0: none), for layer folding."""
+    op_class: str
+    """``"attention"`` (a Pallas attention kernel), ``"matmul"`` (holds a dot or convolution)
+    or ``"memory"`` (elementwise, copies, reductions): each class has its own efficiency."""
+    estimated_cycles: float = 0.0
+    """The TPU compiler's own estimate (``estimated_cycles`` in its backend config); 0 when the
+    compiler gave none (Pallas kernels, CPU programs)."""
+    anchors: tuple[tuple[str, int], ...] = ()
+    """(computation, position) of the op and of every loop op around it, innermost last: where
+    it runs in each enclosing schedule."""
 
 
 @dataclass(frozen=True)
@@ -82,15 +130,15 @@ class CommProgram:
     """What the parser could not be sure of (e.g. a loop without a known trip count)."""
     sites: tuple[CollectiveSite, ...] = ()
     """One per collective, in the same order."""
-    ops: tuple[tuple[float, float, int, int], ...] = ()
-    """(FLOPs, HBM bytes, runs per step, trips of the outermost loop around it or 0) of every
-    top-level compute op (fusion, convolution, dot, custom call) on one device."""
+    ops: tuple[ComputeOp, ...] = ()
+    """Every top-level compute op (fusion, convolution, dot, custom call, copy, reduce...) on
+    one device, in schedule order per computation."""
 
     @property
     def flops(self) -> float:
         """FLOPs per device per step: dots and convolutions from shapes, attention kernels
         (splash) from their operand shapes."""
-        return sum(f * runs for f, _, runs, _ in self.ops)
+        return sum(op.flops * op.runs for op in self.ops)
 
     def to_frame(self) -> pd.DataFrame:
         """One row per HLO collective: kind, bytes, count, group_size, num_groups, name,
@@ -125,9 +173,9 @@ class CommProgram:
             for c, site in zip(self.collectives, self.sites, strict=True))
         sites = tuple(dataclasses.replace(s, loops=(full_trips, *s.loops[1:]))
                       if s.loops[:1] == (compiled_trips,) else s for s in self.sites)
-        ops = tuple((f, b, runs * full_trips // compiled_trips, full_trips)
-                    if outer == compiled_trips else (f, b, runs, outer)
-                    for f, b, runs, outer in self.ops)
+        ops = tuple(dataclasses.replace(op, runs=op.runs * full_trips // compiled_trips,
+                                        outer_trips=full_trips)
+                    if op.outer_trips == compiled_trips else op for op in self.ops)
         return dataclasses.replace(self, collectives=collectives, sites=sites, ops=ops)
 
     def signature(self) -> list[tuple[str, float, int, int, int]]:
@@ -176,13 +224,9 @@ def parse_hlo(text: str, num_devices: int | None = None) -> CommProgram:
         num_devices = int(match.group(1)) if match else None
     notes: list[str] = []
     runs, loops = _runs(computations, entry, notes)
-    fused = {callee for instructions in computations.values() for ins in instructions
-             if ins.op == "fusion" for role, callee in _callees(ins) if role == "calls"}
     collectives, sites = [], []
-    for comp_name, instructions in computations.items():
-        for ins in instructions:
-            if ins.op not in _KINDS or runs.get(comp_name, 0) == 0:
-                continue
+    for comp_name in _scheduled(computations, runs):
+        for ins, start, done in _collective_schedule(computations, comp_name):
             kind = _KINDS[ins.op]
             groups = (_pairs(ins.rest) if kind == "collective-permute"
                       else _groups(ins.rest, num_devices, ins.name))
@@ -192,10 +236,10 @@ def parse_hlo(text: str, num_devices: int | None = None) -> CommProgram:
                                  ins.rest) or re.search(
                 r'"collective_algorithm_config":\{[^}]*?"emitter":"([^"]+)"', ins.rest)
             sites.append(CollectiveSite(loops[comp_name], strategy.group(1) if strategy else "",
-                                        ins.op.endswith("-start") or comp_name in fused))
+                                        done != start, comp_name, start, done))
     devices = num_devices or 1 + max((c.max_device_id for c in collectives), default=0)
     return CommProgram(tuple(collectives), devices, tuple(dict.fromkeys(notes)), tuple(sites),
-                       _compute_ops(computations, runs, loops))
+                       _compute_ops(computations, runs, loops, entry))
 
 
 # ----------------------------------------------------------------------------- structure
@@ -307,6 +351,107 @@ def _trip_count(ins: _Instruction, condition: str | None,
     return 1
 
 
+# ----------------------------------------------------------------------------- schedule
+
+
+def _inner(computations: dict[str, list[_Instruction]]) -> set[str]:
+    """Computations that run inside one op of their caller (fusions, async wrappers), so their
+    instructions have no place of their own in a schedule."""
+    return {callee for instructions in computations.values() for ins in instructions
+            if ins.op in ("fusion", "async-start")
+            for role, callee in _callees(ins) if role == "calls"}
+
+
+def _scheduled(computations: dict[str, list[_Instruction]], runs: dict[str, int]) -> list[str]:
+    """Computations with a schedule of their own that run (entry, loop bodies, branches)."""
+    inner = _inner(computations)
+    return [name for name in computations if name not in inner and runs.get(name, 0)]
+
+
+def _held(computations: dict[str, list[_Instruction]], name: str) -> list[_Instruction]:
+    """Collective ops inside computation ``name`` and the computations it calls."""
+    found = []
+    for ins in computations.get(name, []):
+        if ins.op in _KINDS:
+            found.append(ins)
+        found += [c for role, callee in _callees(ins) if role == "calls"
+                  for c in _held(computations, callee)]
+    return found
+
+
+def _held_by(computations: dict[str, list[_Instruction]], ins: _Instruction
+             ) -> list[_Instruction]:
+    """Collective ops inside the computations ``ins`` calls (a fusion, an async wrapper)."""
+    return [c for role, callee in _callees(ins) if role == "calls"
+            for c in _held(computations, callee)]
+
+
+def _root_target(computations: dict[str, list[_Instruction]], ins: _Instruction) -> str:
+    """``custom_call_target`` of the root of the computation a fusion calls ('' if none)."""
+    for role, callee in _callees(ins):
+        body = computations.get(callee) if role == "calls" else None
+        if body:
+            target = re.search(r'custom_call_target="([^"]+)"', body[-1].rest)
+            return target.group(1) if target else ""
+    return ""
+
+
+def _channel(ins: _Instruction) -> str:
+    match = re.search(r"channel_id=(\d+)", ins.rest)
+    return match.group(1) if match else ins.name
+
+
+def _waiter(instructions: list[_Instruction], start: int, waits: Any) -> int:
+    """Position of the first op after ``start`` (wrapping to the top: the next iteration of a
+    loop body) for which ``waits(op)`` holds; ``start`` itself when none does."""
+    n = len(instructions)
+    for step in range(1, n):
+        if waits(instructions[(start + step) % n]):
+            return (start + step) % n
+    return start
+
+
+def _collective_schedule(computations: dict[str, list[_Instruction]], name: str
+                         ) -> list[tuple[_Instruction, int, int]]:
+    """(collective op, start position, done position) of every collective scheduled in
+    computation ``name`` (see the module docstring); ``done == start``: synchronous."""
+    instructions = computations[name]
+    chains = {_channel(c) for ins in instructions if ins.op == "fusion"
+              and _root_target(computations, ins) == "AsyncCollectiveStart"
+              for c in _held_by(computations, ins)}
+    found = []
+    for i, ins in enumerate(instructions):
+        if ins.op in _KINDS:
+            done = i
+            if ins.op.endswith("-start"):
+                done = _waiter(instructions, i, lambda j, ins=ins: j.op.endswith("-done")
+                               and ins.name in j.operands())
+            found.append((ins, i, done))
+        elif ins.op == "async-start":
+            waited = {ins.name}
+
+            def waits(j: _Instruction, waited: set[str] = waited) -> bool:
+                if j.op in ("async-update", "async-done") and waited & set(j.operands()):
+                    waited.add(j.name)
+                    return j.op == "async-done"
+                return False
+
+            done = _waiter(instructions, i, waits)
+            found += [(c, i, done) for c in _held_by(computations, ins)]
+        elif ins.op == "fusion":
+            target = _root_target(computations, ins)
+            for c in _held_by(computations, ins):
+                if target == "AsyncCollectiveStart":
+                    done = _waiter(instructions, i, lambda j, c=c: j.op == "fusion"
+                                   and _root_target(computations, j) == "AsyncCollectiveDone"
+                                   and any(_channel(h) == _channel(c)
+                                           for h in _held_by(computations, j)))
+                    found.append((c, i, done))
+                elif target != "AsyncCollectiveDone" and _channel(c) not in chains:
+                    found.append((c, i, i))  # e.g. the all-reduce-scatter fusion: waited for
+    return found
+
+
 # ----------------------------------------------------------------------------- attributes
 
 
@@ -382,7 +527,10 @@ def _id_list(text: str, name: str) -> np.ndarray:
 
 # ----------------------------------------------------------------------------- compute
 
-_COMPUTE_OPS = ("fusion", "convolution", "dot", "custom-call")
+_COMPUTE_OPS = ("fusion", "convolution", "dot")
+"""Ops that compute wherever they run; any other op counts when the compiler estimated its
+cycles (a top-level ``copy``, ``reduce`` or ``transpose`` on TPU) or when it is an attention
+kernel."""
 
 
 def _array_bytes(type_text: str) -> float:
@@ -425,11 +573,9 @@ def _own_flops(ins: _Instruction, types: dict[str, str]) -> float:
 
 
 def _compute_ops(computations: dict[str, list[_Instruction]], runs: dict[str, int],
-                 loops: dict[str, tuple[int, ...]]
-                 ) -> tuple[tuple[float, float, int, int], ...]:
-    """(FLOPs, bytes, runs, outermost loop trips) of every compute op outside fusions."""
-    fused = {callee for instructions in computations.values() for ins in instructions
-             if ins.op == "fusion" for role, callee in _callees(ins) if role == "calls"}
+                 loops: dict[str, tuple[int, ...]], entry: str) -> tuple[ComputeOp, ...]:
+    """Every compute op with a place in a schedule (collectives and their fusions are the ICI
+    model's), with its FLOPs, bytes, class, the compiler's cycles and its anchors."""
     types = {name: {i.name: i.type for i in instructions}
              for name, instructions in computations.items()}
 
@@ -441,21 +587,36 @@ def _compute_ops(computations: dict[str, list[_Instruction]], runs: dict[str, in
                 total += sum(flops_of(c) for role, c in _callees(ins) if role == "calls")
         return total
 
-    def holds_collective(name: str) -> bool:
-        return any(i.op in _KINDS for i in computations.get(name, []))
-
+    anchors: dict[str, tuple[tuple[str, int], ...]] = {entry: ()}
+    pending = [entry]
+    while pending:  # where each scheduled computation runs in its caller's schedule
+        name = pending.pop()
+        for position, ins in enumerate(computations.get(name, [])):
+            for role, callee in _callees(ins):
+                if role != "calls" and callee not in anchors:
+                    anchors[callee] = (*anchors[name], (name, position))
+                    pending.append(callee)
+    collective_ops = {id(ins) for name in _scheduled(computations, runs)
+                      for ins, _, _ in _collective_schedule(computations, name)}
     ops = []
-    for name, instructions in computations.items():
-        if name in fused or runs.get(name, 0) == 0:
-            continue
-        for ins in instructions:
-            if ins.op not in _COMPUTE_OPS:
+    for name in _scheduled(computations, runs):
+        for position, ins in enumerate(computations[name]):
+            cycles = re.search(r'"estimated_cycles":"(\d+)"', ins.rest)
+            attention = ins.op == "custom-call" and bool(
+                ATTENTION_KERNEL.search(ins.name + ins.rest[:200]))
+            if not (ins.op in _COMPUTE_OPS or cycles or attention) or ins.op in _KINDS:
                 continue
             callees = [c for role, c in _callees(ins) if role == "calls"]
+            held = _held_by(computations, ins)
+            if any(id(c) in collective_ops for c in held) or (
+                    held and _root_target(computations, ins) in ("AsyncCollectiveStart",
+                                                                  "AsyncCollectiveDone")):
+                continue  # the collective itself (a start, a done, a synchronous fusion)
             flops = _own_flops(ins, types[name]) + sum(flops_of(c) for c in callees)
-            moved = 0.0
-            if not any(holds_collective(c) for c in callees):  # collective bytes: ICI model
-                moved = _array_bytes(ins.type) + sum(_array_bytes(types[name].get(o, ""))
-                                                     for o in ins.operands())
-            ops.append((flops, moved, runs[name], (loops.get(name) or (0,))[0]))
+            moved = _array_bytes(ins.type) + sum(_array_bytes(types[name].get(o, ""))
+                                                 for o in ins.operands())
+            op_class = "attention" if attention else "matmul" if flops else "memory"
+            ops.append(ComputeOp(flops, moved, runs[name], (loops.get(name) or (0,))[0],
+                                 op_class, float(cycles.group(1)) if cycles else 0.0,
+                                 (*anchors.get(name, ()), (name, position))))
     return tuple(ops)

@@ -7,10 +7,11 @@ parameter and activation bytes, implied collectives) and derives from the counts
 - a **lower bound**: the roofline of the totals, ``max(FLOPs / peak, bytes / HBM bandwidth)``,
   plus each collective at the bytes a device must receive over all ``2 * ndim`` of its links at
   full speed: no placement can beat it;
-- a quick **estimate**: ops at :data:`COMPUTE_EFFICIENCY` of peak and :data:`HBM_EFFICIENCY` of
-  HBM bandwidth, typical of large bf16 matmuls and streaming on TPUs; collectives priced by the
-  ICI model on the default row-major placement (a candidate on part of the slice has no such
-  placement: its collectives count at the bound).
+- a quick **estimate**: FLOPs at the chip's attention-kernel efficiency (most of the step's
+  FLOPs are attention; the jaxpr does not split them by op) and bytes at its HBM efficiency,
+  constants compiled predictions use too (:class:`~aoizora_lab.hardware.ChipSpec`);
+  collectives priced by the ICI model on the default row-major placement (a candidate on part
+  of the slice has no such placement: its collectives count at the bound).
 
 Both apply the overlap rule (:meth:`~aoizora_lab.cost.Predicted.overlapped`): collectives of
 :data:`ASYNC_KINDS` hide behind compute up to its length, the others add. All prices come from
@@ -40,7 +41,7 @@ from jax.sharding import PartitionSpec as P
 from aoizora_lab.candidates import Candidate
 from aoizora_lab.comm_model import Collective, mesh_axis_groups
 from aoizora_lab.cost import Predicted, comm_seconds, roofline_seconds
-from aoizora_lab.hardware import chip_spec
+from aoizora_lab.hardware import device_spec
 from aoizora_lab.ir import IRCollective, IRCounts, count_jaxpr, spec_of
 from aoizora_lab.models.wan import abstract_params
 from aoizora_lab.topology import Topology
@@ -56,8 +57,6 @@ with them."""
 IRCacheDir = str | Path | Literal[False] | None
 """Where IR traces are cached: a folder, ``None`` for ``ir/`` under
 :func:`~aoizora_lab.versions.cache_root`, ``False`` for none."""
-COMPUTE_EFFICIENCY = 0.6  # typical fraction of peak for large bf16 matmuls / splash on TPU
-HBM_EFFICIENCY = 0.8  # typical fraction of HBM bandwidth for streaming reads and writes
 _TRACE_SOURCES = ("ir.py", "flops.py", "ir_estimate.py")
 """Sources a trace's counts depend on besides the program's (the reader and this tracer)."""
 
@@ -176,11 +175,11 @@ def _read_counts(entry: Path) -> tuple[IRCounts, float] | None:
 
 def _bounds(candidate: Candidate, counts: IRCounts, topology: Topology,
             trace_seconds: float) -> IREstimate:
-    chip = chip_spec(topology.generation)
+    chip = device_spec(topology)
     compute_bound = roofline_seconds(counts.flops, counts.hbm_bytes, chip)
     compute_estimate = roofline_seconds(counts.flops, counts.hbm_bytes, chip,
-                                        compute_efficiency=COMPUTE_EFFICIENCY,
-                                        hbm_efficiency=HBM_EFFICIENCY)
+                                        compute_efficiency=chip.attention_efficiency,
+                                        hbm_efficiency=chip.hbm_efficiency)
     links_per_chip = 2 * topology.ndim
     placement = topology.device_grid().ravel()[:candidate.num_devices]
     bound = {True: 0.0, False: 0.0}  # by asynchronous

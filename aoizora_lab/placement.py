@@ -3,12 +3,14 @@
 A :class:`Placement` is a permutation: entry *i* is the physical device (row of
 ``Topology.coords``) of logical device *i*; it *is* the device order of a ``Mesh``.
 
-**Scoring** (:class:`PlacementScorer`) is exactly :func:`~aoizora_lab.estimate` of the
-program on the placement, vectorised over a batch of placements with numpy:
+**Scoring** (:class:`PlacementScorer`) minimises the predicted step: it is exactly the
+communication :func:`~aoizora_lab.cost.predict` leaves exposed (each collective by
+:func:`~aoizora_lab.estimate`, overlap groups read from the compiled schedule), vectorised over
+a batch of placements with numpy:
 
 1. collectives with the same kind and groups differ only in bytes and runs, and the model is
-   linear in bytes for a fixed layout of groups, so they are merged: a Wan step's hundreds of
-   HLO collectives become a dozen *structures*;
+   linear in bytes for a fixed layout of groups, so their link loads per byte are computed
+   once: a Wan step's hundreds of HLO collectives become a dozen *structures*;
 2. routing is linear too, so the link loads of any transfers are ``traffic @ R`` with
    ``traffic`` the bytes per (source chip, target chip) pair and ``R`` the model's
    :func:`~aoizora_lab.comm_model.route_matrix`: a batch of all-to-alls, permutes and
@@ -41,7 +43,7 @@ import itertools
 import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -58,14 +60,12 @@ from aoizora_lab.comm_model import (
     ring_flows,
     route_matrix,
 )
-from aoizora_lab.cost import Predicted, predict
+from aoizora_lab.cost import Predicted, group_exposed, hbm_seconds, overlap_groups, predict
 from aoizora_lab.errors import AoizoraError
-from aoizora_lab.hardware import ChipSpec, chip_spec
+from aoizora_lab.hardware import ChipSpec, device_spec
+from aoizora_lab.hlo import CommProgram
 from aoizora_lab.records import Records
 from aoizora_lab.topology import Topology
-
-if TYPE_CHECKING:
-    from aoizora_lab.hlo import CommProgram
 
 
 @dataclass(frozen=True)
@@ -327,22 +327,27 @@ def _group_runs(sizes: list[int], mesh_shape: tuple[int, ...]
 
 
 class PlacementScorer:
-    """Predicted communication seconds of one program under many placements (see module)."""
+    """Predicted exposed communication seconds of one program under many placements (see
+    module)."""
 
     def __init__(self, collectives: Iterable[Collective] | Any, topology: Topology, *,
                  chip: ChipSpec | None = None, options: ModelOptions | None = None):
         items = list(getattr(collectives, "collectives", collectives))
         self.program = items
         self.topology = topology
-        self.chip = chip or chip_spec(topology.generation)
+        self.chip = device_spec(topology, chip)
         self.options = options or ModelOptions()
-        merged: dict[tuple[str, tuple[tuple[int, ...], ...]], list[float]] = {}
-        for c in items:
-            weights = merged.setdefault((c.kind, c.groups), [0.0, 0.0])
-            weights[0] += c.bytes * c.count
-            weights[1] += c.count
-        self.structures = [(kind, np.array(groups, dtype=np.int64), w[0], w[1])
-                           for (kind, groups), w in merged.items() if w[1] > 0]
+        # What is in flight together, read once from the schedule (a bare list: all
+        # synchronous); the objective is the communication the schedule leaves exposed.
+        if not hasattr(collectives, "collectives"):
+            collectives = CommProgram(tuple(items), topology.num_devices)
+        self.groups = [g for g in overlap_groups(collectives, self.chip) if g.runs > 0]
+        structures: dict[tuple[str, tuple[tuple[int, ...], ...]], int] = {}
+        self._structure_of = [structures.setdefault((c.kind, c.groups), len(structures))
+                              for c in items]
+        self.structures = [(kind, np.array(groups, dtype=np.int64))
+                           for kind, groups in structures]
+        self._hbm_s = np.array([hbm_seconds(c, self.chip) for c in items])
         routes = route_matrix(topology, self.options)
         intra = intra_chip_slots(topology)
         if intra:
@@ -372,27 +377,45 @@ class PlacementScorer:
         return len(self._regular_phases)
 
     def scores(self, orders: Iterable[Sequence[int]] | np.ndarray) -> np.ndarray:
-        """Predicted communication seconds of the program on each order (rows of a batch)."""
+        """Predicted exposed communication seconds of the program on each order (rows of a
+        batch): every overlap group priced as :func:`aoizora_lab.cost.predict` prices it, so
+        adding the (placement-independent) compute gives the predicted step."""
         batch = np.atleast_2d(np.asarray(orders, dtype=np.int64))
         if len(batch) > self.chunk:  # chunks keep the traffic matrices in cache
             return np.concatenate([self.scores(batch[i:i + self.chunk])
                                    for i in range(0, len(batch), self.chunk)])
         self.evaluations += len(batch)
-        totals = np.zeros(len(batch))
         per_byte = 1.0 / (self.chip.ici_link_bandwidth * self.chip.ici_efficiency)
-        for kind, groups, byte_runs, runs in self.structures:
+        # One byte of each distinct (kind, groups): busiest-link time summed over phases,
+        # the loads summed over phases (for groups in flight together) and the latency.
+        unit_time, unit_loads, latency = [], [], []
+        for kind, groups in self.structures:
             chips = self._chip_of[batch[:, groups]]  # [B, G, S]
             loads = self._unit_phase_loads(kind, chips)  # [B, phases, links] for one byte
             hops = self._distances[chips[..., :, None], chips[..., None, :]].reshape(
                 len(batch), -1).max(axis=1)
             if kind == "all-reduce":
                 hops = 2 * hops
-            bandwidth = loads.max(axis=2, initial=0.0).sum(axis=1) * per_byte
-            totals += bandwidth * byte_runs + hops * self.chip.ici_hop_latency * runs
+            unit_time.append(loads.max(axis=2, initial=0.0).sum(axis=1) * per_byte)
+            unit_loads.append(loads)
+            latency.append(hops * self.chip.ici_hop_latency)
+        alone = [np.maximum(unit_time[s] * c.bytes + latency[s], self._hbm_s[i])
+                 for i, (c, s) in enumerate(zip(self.program, self._structure_of,
+                                                strict=True))]
+        totals = np.zeros(len(batch))
+        for group in self.groups:
+            member_s = np.stack([alone[i] for i in group.members])
+            joint = member_s.max(axis=0)
+            if len(group.members) > 1:
+                summed = sum(unit_loads[self._structure_of[i]].sum(axis=1)
+                             * self.program[i].bytes for i in group.members)
+                joint = summed.max(axis=1, initial=0.0) * per_byte + np.max(
+                    [latency[self._structure_of[i]] for i in group.members], axis=0)
+            totals += group_exposed(group, member_s, joint) * group.runs
         return totals
 
     def score(self, order: Sequence[int] | np.ndarray) -> float:
-        """Predicted communication seconds of the program on ``order``."""
+        """Predicted exposed communication seconds of the program on ``order``."""
         return float(self.scores([order])[0])
 
     def _link_loads(self, flows: tuple[np.ndarray, np.ndarray, np.ndarray],
@@ -504,21 +527,22 @@ class Source(enum.Enum):
 
 @dataclass(frozen=True)
 class ScoredPlacement:
-    """A placement and its communication time under the ICI model."""
+    """A placement and the communication its program leaves exposed there."""
 
     placement: Placement
     """The device order."""
-    comm_s: float
-    """All collectives of the program, one after the other, on this placement."""
+    exposed_s: float
+    """Communication not hidden behind compute on this placement (the search's objective:
+    the predicted step minus the compute, which no placement changes)."""
     source: Source
     """How the search found it."""
 
 
 class ScoredPlacements(Records[ScoredPlacement]):
-    """What :func:`search_placements` scored, least communication first (one per symmetry
+    """What :func:`search_placements` scored, least exposed communication first (one per symmetry
     class). :meth:`to_frame` adds each placement's busiest link."""
 
-    COLUMNS = ("placement", "comm_s", "source", "description", "busiest_link")
+    COLUMNS = ("placement", "exposed_s", "source", "description", "busiest_link")
 
     def __init__(self, items: Iterable[ScoredPlacement] = (), *,
                  busiest: Callable[[Placement], str] | None = None) -> None:
@@ -526,7 +550,7 @@ class ScoredPlacements(Records[ScoredPlacement]):
         self._busiest = busiest
 
     def row(self, item: ScoredPlacement) -> dict[str, Any]:
-        return {"placement": item.placement, "comm_s": item.comm_s,
+        return {"placement": item.placement, "exposed_s": item.exposed_s,
                 "source": item.source.value, "description": item.placement.description,
                 "busiest_link": self._busiest(item.placement) if self._busiest else "-"}
 
@@ -540,7 +564,7 @@ def search_placements(program: Any, mesh_shape: Sequence[int], topology: Topolog
 
     Scores every structured placement (and ``extra`` ones, e.g. :func:`library_orders`) once
     per symmetry class, then spends what is left of ``budget`` evaluations on a local search
-    from the ``top`` best. Returns them least communication first.
+    from the ``top`` best. Returns them least exposed communication first.
     """
     scorer = PlacementScorer(program, topology, chip=chip, options=options)
     maps = symmetries(topology)
@@ -560,7 +584,7 @@ def search_placements(program: Any, mesh_shape: Sequence[int], topology: Topolog
 
     consider(extra, Source.LIBRARY)
     consider(structured_placements(mesh_shape, topology, axis_names), Source.STRUCTURED)
-    starts = sorted(found.values(), key=lambda r: r.comm_s)[:top]
+    starts = sorted(found.values(), key=lambda r: r.exposed_s)[:top]
     rng = np.random.default_rng(seed)
     per_start = max(0, (budget - scorer.evaluations) // max(1, len(starts)))
     consider([Placement(tuple(_anneal(scorer, np.array(start.placement.order), per_start,
@@ -572,7 +596,7 @@ def search_placements(program: Any, mesh_shape: Sequence[int], topology: Topolog
         return str(estimate(scorer.program, topology, placement, chip=scorer.chip,
                             options=scorer.options).busiest_link or "-")
 
-    return ScoredPlacements(sorted(found.values(), key=lambda r: r.comm_s), busiest=busiest)
+    return ScoredPlacements(sorted(found.values(), key=lambda r: r.exposed_s), busiest=busiest)
 
 
 def _anneal(scorer: PlacementScorer, order: np.ndarray, evaluations: int,
@@ -644,13 +668,13 @@ class Ranking(Records[RankedPlacement]):
 
 
 TOP_PLACEMENTS = 3
-"""Placements per candidate (best by communication) that are priced in full and ranked."""
+"""Placements per candidate (least exposed communication) that are priced in full and ranked."""
 
 
 def rank_placements(program: CommProgram, candidate: Candidate, topology: Topology, *,
                     budget: int = 20_000, top: int = TOP_PLACEMENTS) -> Ranking:
     """Search ``candidate``'s placements for its compiled ``program`` and price the ``top``
-    least-communication ones with the overlap rule, fastest first: the one way the planner
+    ones that leave the least communication exposed, fastest first: the one way the planner
     and the benchmarks rank a compiled program's placements."""
     found = search_placements(program, candidate.mesh_shape, topology, budget=budget,
                               axis_names=candidate.axis_names,

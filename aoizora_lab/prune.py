@@ -35,7 +35,7 @@ from typing import Any
 
 from aoizora_lab.candidates import Candidate
 from aoizora_lab.errors import AoizoraError
-from aoizora_lab.hardware import chip_spec
+from aoizora_lab.hardware import device_spec
 from aoizora_lab.ir_estimate import IRCacheDir, IREstimate, estimate_ir
 from aoizora_lab.records import Records
 from aoizora_lab.topology import Topology
@@ -152,7 +152,7 @@ def prune(candidates: Sequence[Candidate], workload: Workload, topology: Topolog
     budget = max(keep, math.floor(max_fraction * len(candidates)))
     estimates = estimates or estimate_candidates(candidates, workload, topology, dtype=dtype,
                                                  ir_cache_dir=ir_cache_dir)
-    usable = chip_spec(topology.generation).hbm_usable_bytes
+    usable = device_spec(topology).hbm_usable_bytes
     failed, fits, over = [], [], []
     for position, candidate in enumerate(candidates):
         result = estimates[candidate.name]

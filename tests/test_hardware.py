@@ -1,4 +1,5 @@
 import json
+import re
 
 import pytest
 
@@ -19,7 +20,7 @@ def test_every_generation_has_a_consistent_spec(generation):
 
 def test_generation_name_is_normalised_and_unknown_ones_are_named():
     assert az.chip_spec(" V5E ").generation == "v5e"
-    with pytest.raises(az.AoizoraError, match=r"'v9z'.*\['v4', 'v5e', 'v5p', 'v6e'\]"):
+    with pytest.raises(az.AoizoraError, match=r"'v9z'.*" + re.escape(str(list(az.GENERATIONS)))):
         az.chip_spec("v9z")
 
 

@@ -110,8 +110,8 @@ def test_search_reaches_the_exhaustive_optimum_on_small_slices(shape, mesh):
     everything = np.array(list(itertools.permutations(range(topology.num_devices))))
     optimum = scorer.scores(everything).min()
     found = search_placements(program, mesh, topology, budget=2_000)
-    assert found[0].comm_s == pytest.approx(optimum, rel=1e-12)
-    assert found[0].comm_s == pytest.approx(scorer.score(np.array(found[0].placement.order)))
+    assert found[0].exposed_s == pytest.approx(optimum, rel=1e-12)
+    assert found[0].exposed_s == pytest.approx(scorer.score(np.array(found[0].placement.order)))
 
 
 def test_local_search_is_seeded_and_deterministic():
@@ -148,6 +148,6 @@ def test_search_reaches_the_optimum_of_a_program_with_irregular_groups():
     optimum = scores.min()
     assert optimum < np.median(scores)  # placement matters for this program
     found = search_placements(program, (8,), topology, budget=3_000)
-    assert found[0].comm_s == pytest.approx(optimum, rel=1e-12)
-    assert found[0].comm_s == pytest.approx(
+    assert found[0].exposed_s == pytest.approx(optimum, rel=1e-12)
+    assert found[0].exposed_s == pytest.approx(
         az.estimate(program, topology, found[0].placement).seconds, rel=1e-12)

@@ -11,10 +11,10 @@ import pytest
 import aoizora_lab as az
 from aoizora_lab import viz
 from aoizora_lab.candidates import Candidate, explain_candidates
-from aoizora_lab.comm_model import standard_collectives
+from aoizora_lab.comm_model import mesh_axis_groups, standard_collectives
 from aoizora_lab.compile import CompiledCandidate, Compiles
-from aoizora_lab.cost import Predicted
-from aoizora_lab.hlo import CollectiveSite, CommProgram
+from aoizora_lab.cost import Predicted, op_seconds
+from aoizora_lab.hlo import CollectiveSite, CommProgram, ComputeOp
 from aoizora_lab.ir_estimate import IREstimate
 from aoizora_lab.placement import Placement, RankedPlacement, Source
 from aoizora_lab.planner import breakdown
@@ -236,13 +236,31 @@ def test_collective_breakdown_merges_small_collectives_into_other():
     factor, unit = time_scale(frame["seconds"].max())
     assert fig.layout.xaxis.title.text == f"time per step ({unit})"
     assert sum(x for t in fig.data for x in t.x) == pytest.approx(frame["seconds"].sum() * factor)
-    assert {t.name for t in fig.data} == set(frame["kind"])
+    assert {t.name for t in fig.data} == {f"{kind} {part}" for kind in frame["kind"]
+                                          for part in ("exposed", "hidden")}
+    assert "exposed" in fig.layout.title.subtitle.text
+    plain = viz.collective_breakdown(frame.drop(columns=["exposed_s", "hidden_s"]), top=4)
+    assert {t.name for t in plain.data} == set(frame["kind"])
 
     looped = frame.assign(loop=["layers"] * 3 + ["outside"] * (len(frame) - 3))
     per_loop = viz.collective_breakdown(looped, by="loop")
     assert {y for t in per_loop.data for y in t.y} == {"layers", "outside"}
     with pytest.raises(az.AoizoraError, match="lacks"):
         viz.collective_breakdown(frame.drop(columns="seconds"))
+
+
+def test_collective_breakdown_shows_what_the_schedule_hides_and_what_it_exposes():
+    frame = pd.DataFrame({"collective": ["ag", "a2a"], "kind": ["all-gather", "all-to-all"],
+                          "seconds": [3e-3, 1e-3], "hidden_s": [2e-3, 0.0],
+                          "exposed_s": [1e-3, 1e-3]})
+    fig = viz.collective_breakdown(frame)
+    by_name = {t.name: t for t in fig.data}
+    factor, _ = time_scale(3e-3)
+    assert by_name["all-gather hidden"].x[0] == pytest.approx(2e-3 * factor)
+    assert by_name["all-gather exposed"].x[0] == pytest.approx(1e-3 * factor)
+    assert by_name["all-to-all hidden"].x[0] == 0
+    assert by_name["all-gather hidden"].marker.pattern.shape == "/"
+    assert "hidden behind compute" in by_name["all-gather hidden"].hovertext[0]
 
 
 def test_ranking_scatter_marks_the_best_placement():
@@ -542,6 +560,20 @@ def test_heaviest_collective_views_pick_the_slowest_collectives():
     assert list(views) == [f"winner · {name}" for name in slowest]
     for name in slowest:
         np.testing.assert_allclose(views[f"winner · {name}"], alone[name].link_bytes)
+
+
+def test_heaviest_collective_views_say_how_much_of_an_async_collective_is_hidden():
+    topo = az.Topology.simulated((4, 4), wrap=(True, True))
+    placement = _placement(topo)
+    gather = az.Collective("all-gather", mesh_axis_groups((4, 4), [1]), 8e6, name="ag")
+    alone = az.estimate(gather, topo, placement).seconds
+    op = ComputeOp(az.chip_spec("v5e").peak_bf16_flops * alone / 4, 0.0, 1, 0, "matmul",
+                   anchors=(("main", 1),))
+    program = CommProgram((gather,), 16, sites=(CollectiveSite((), "", True, "main", 0, 2),),
+                          ops=(op,))
+    [label] = viz.heaviest_collective_views(program, topo, placement, top=1)
+    hidden = min(1.0, op_seconds(op, az.chip_spec("v5e")) / alone)
+    assert label == f"ag ({hidden:.0%} hidden)" and 0 < hidden < 1
 
 
 def test_ranking_collective_views_key_every_placement_and_collective():

@@ -70,10 +70,11 @@ def collective_breakdown(
     """Horizontal bars of communication time per ``by`` value (collective, or e.g. ``loop``).
 
     ``frame`` has :func:`aoizora_lab.cost.breakdown`'s columns (``collective``, ``kind``, ``count``,
-    ``group_size``, ``seconds``, ``busiest_link``, ``busiest_bytes``); only ``by`` and
-    ``seconds`` are required. Bars are stacked by ``kind`` when the column exists; the
-    ``top`` heaviest bars holding at least ``min_share`` of the total stay, the rest merge into
-    "other".
+    ``group_size``, ``seconds``, ``hidden_s``, ``exposed_s``, ``busiest_link``...); only ``by``
+    and ``seconds`` are required. Bars are stacked by ``kind`` when the column exists, and each
+    kind's part splits into what the schedule leaves exposed (solid) and what it hides behind
+    compute (hatched) when ``exposed_s`` is there; the ``top`` heaviest bars holding at least
+    ``min_share`` of the total stay, the rest merge into "other".
     """
     _require(frame, [by, "seconds"], "collective_breakdown")
     rows = frame.copy()
@@ -89,22 +90,29 @@ def collective_breakdown(
     order = [*kept, other] if merged else kept
     factor, unit = time_scale(float(totals.max()) if len(totals) else 0.0)
     kinds = list(dict.fromkeys(rows["kind"])) if "kind" in rows else [None]
+    # Exposed (solid) and hidden (hatched) parts when the schedule was read, else one part.
+    parts = ([("exposed_s", "exposed", ""), ("hidden_s", "hidden", "/")]
+             if {"exposed_s", "hidden_s"} <= set(rows) else [("seconds", "", "")])
     traces = []
     for kind in kinds:
         part = rows if kind is None else rows[rows["kind"] == kind]
         bars = [(bar, part[part["bar"] == bar]) for bar in order if (part["bar"] == bar).any()]
-        traces.append(go.Bar(
-            orientation="h", name=kind or "time",
-            x=[float(g["seconds"].sum()) * factor for _, g in bars],
-            y=[bar for bar, _ in bars],
-            hovertext=[_bar_hover(bar, g, by, grand) for bar, g in bars],
-            hovertemplate="%{hovertext}<extra></extra>",
-            marker={"color": KIND_COLORS.get(kind, OTHER_COLOR)}))
+        for column, label, hatch in parts:
+            traces.append(go.Bar(
+                orientation="h", name=" ".join(filter(None, [kind or "time", label])),
+                x=[float(g[column].sum()) * factor for _, g in bars],
+                y=[bar for bar, _ in bars],
+                hovertext=[_bar_hover(bar, g, by, grand) for bar, g in bars],
+                hovertemplate="%{hovertext}<extra></extra>",
+                marker={"color": KIND_COLORS.get(kind, OTHER_COLOR),
+                        "pattern": {"shape": hatch}, "opacity": 0.55 if hatch else 1.0}))
+    exposed = (f", {format_seconds(float(rows['exposed_s'].sum()))} of it exposed"
+               if "exposed_s" in rows else "")
     fig = go.Figure(traces)
     fig.update_layout(
         title={"text": title or f"Communication time per step, by {by}",
                "subtitle": {"text": f"total {format_seconds(grand)} over {len(rows)} "
-                                    f"collective{'s' if len(rows) != 1 else ''}"}},
+                                    f"collective{'s' if len(rows) != 1 else ''}{exposed}"}},
         barmode="stack", template="plotly_white", legend_title_text="kind",
         xaxis_title=f"time per step ({unit})",
         # Plotly lists categories bottom-up: reverse so the heaviest bar is on top.
@@ -289,6 +297,9 @@ def _bar_hover(bar: str, rows: pd.DataFrame, by: str, grand: float) -> str:
     seconds = float(rows["seconds"].sum())
     share = f" ({seconds / grand:.0%} of all)" if grand > 0 else ""
     lines = [f"<b>{bar}</b>"]
+    hidden = (f"hidden behind compute: {format_seconds(float(rows['hidden_s'].sum()))}, "
+              f"exposed: {format_seconds(float(rows['exposed_s'].sum()))}"
+              if {"hidden_s", "exposed_s"} <= set(rows) else None)
     if len(rows) == 1:
         row = rows.iloc[0]
         if str(row[by]) != bar:  # a lone collective merged into "other": name it
@@ -296,6 +307,8 @@ def _bar_hover(bar: str, rows: pd.DataFrame, by: str, grand: float) -> str:
         if "kind" in row:
             lines.append(f"kind: {row['kind']}")
         lines.append(f"time per step: {format_seconds(seconds)}{share}")
+        if hidden:
+            lines.append(hidden)
         if "count" in row:
             lines.append(f"runs per step: {row['count']}")
         if "group_size" in row:
@@ -308,6 +321,8 @@ def _bar_hover(bar: str, rows: pd.DataFrame, by: str, grand: float) -> str:
     if "kind" in rows:
         lines.append(f"kind: {rows['kind'].iloc[0]}")
     lines.append(f"time per step: {format_seconds(seconds)}{share}")
+    if hidden:
+        lines.append(hidden)
     names = rows["collective"].astype(str).tolist() if "collective" in rows else []
     if names:
         listed = ", ".join(names[:MAX_LISTED]) + (", …" if len(names) > MAX_LISTED else "")

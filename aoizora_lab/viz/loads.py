@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from aoizora_lab.comm_model import Collective, ModelOptions, estimate
+from aoizora_lab.cost import breakdown
 from aoizora_lab.errors import AoizoraError
 from aoizora_lab.hardware import ChipSpec
 from aoizora_lab.topology import Topology
@@ -110,12 +111,21 @@ def heaviest_collective_views(
     """Link bytes of the ``top`` collectives that take longest on ``placement``, slowest first.
 
     Keys are the collectives' labels (:func:`collective_names`), after ``prefix`` and `` · ``
-    when ``prefix`` is given: ``heaviest_collective_views(best.program, topo, best.placement,
-    prefix="winner")`` -> ``{"winner · all-to-all.3": ..., ...}``.
+    when ``prefix`` is given; an asynchronous collective of a compiled program also says how
+    much the schedule hides behind compute: ``heaviest_collective_views(best.program, topo,
+    best.placement, prefix="winner")`` -> ``{"winner · all-gather.131 (80% hidden)": ...}``.
     """
     collectives = _collective_list(program_or_collectives)
     result = estimate(collectives, topology, placement)
-    parts = sorted(zip(collective_names(collectives), result.parts, strict=True),
+    names = collective_names(collectives)
+    sites = getattr(program_or_collectives, "sites", ())
+    if any(site.asynchronous for site in sites):  # say how much the schedule hides
+        frame = breakdown(program_or_collectives, topology, placement)
+        hidden = dict(zip(frame["collective"], frame["hidden_s"] / frame["seconds"],
+                          strict=True))
+        names = [f"{name} ({hidden.get(c.name, 0.0):.0%} hidden)" if site.asynchronous
+                 else name for name, c, site in zip(names, collectives, sites, strict=True)]
+    parts = sorted(zip(names, result.parts, strict=True),
                    key=lambda named: -named[1].seconds)[:top]
     lead = f"{prefix} · " if prefix else ""
     return {f"{lead}{name}": part.link_bytes for name, part in parts}
