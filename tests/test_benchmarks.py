@@ -165,6 +165,23 @@ def test_bench_command_writes_the_report(quality, cost, throughput, slice_2x2, c
     assert "\n## Search cost\n" in bench.render_report([quality.markdown(), section])
 
 
+def test_a_report_regenerated_in_part_keeps_its_other_sections(tmp_path):
+    path = tmp_path / "benchmarks.md"
+    full = bench.ReportFile(path)
+    for title, body in (("Plan quality", "old plans"), ("Search cost", "old search")):
+        full.add(f"## {title}\n\n{body}\n")
+    part = bench.ReportFile(path, keep=True, command="python benchmarks/plan_quality.py")
+    part.add("## Plan quality\n\nnew plans\n")
+    part.add("## Published measurements\n\nrows\n")
+    text = path.read_text()
+    assert "old search" in text and "old plans" not in text and "new plans" in text
+    assert text.index("## Plan quality") < text.index("## Search cost") < text.index(
+        "## Published measurements")  # replaced in place, new ones after
+    assert text.count("_Regenerated on ") == 2
+    with pytest.raises(az.AoizoraError, match="'Plan quality'"):
+        part.add("Plan quality\n")
+
+
 def test_failed_cases_are_rows_not_crashes():
     quality = bench.plan_quality(["wan2.1-t2v-14b@1080p/v5e:2x2"])
     assert quality.summary.iloc[0]["status"].startswith("error: AoizoraError")
