@@ -7,7 +7,8 @@ Workloads on slices are written as one *case* spec (:mod:`aoizora_lab.cases`), e
 survive IR pruning, with a reason for each.
 
 ``aoizora-lab plan wan2.1-t2v-14b@1280x720x81/v5e:4x4`` runs the whole search and prints the
-ranking, the best plan, its breakdown and the baseline table.
+ranking, the best plan, its breakdown and the baseline table; ``--verify`` then compiles the
+best plan on its own mesh and checks it is what was scored (:meth:`Plan.verify`).
 
 ``aoizora-lab topology v5e:4x4`` prints the slice (shape, wraparound, where the devices came
 from, which device sits on which chip) and a table of predicted collective times under a
@@ -124,6 +125,13 @@ def _plan_command(args: argparse.Namespace) -> int:
     if args.json:
         best.to_json(args.json)
         print(f"\nplan written to {args.json}")
+    if args.verify:
+        check = best.verify(num_layers=args.layers)
+        print(f"\nThe best plan compiled on its own mesh: {check.summary()}")
+        if not check.equal:
+            with pd.option_context("display.width", 250, "display.max_colwidth", 120):
+                print(check.to_frame().drop(columns=["groups"]).to_string())
+            return 1
     return 0
 
 
@@ -202,6 +210,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="placement evaluations per candidate")
     pl.add_argument("--top", type=int, default=10, help="rows of the ranking to print")
     pl.add_argument("--json", help="write the best plan to this file")
+    pl.add_argument("--verify", action="store_true",
+                    help="compile the best plan on its own mesh (its device order) and check "
+                         "that its collectives and predicted step are the scored ones; exit "
+                         "status 1 when they differ")
     pl.add_argument("--quiet", action="store_true", help="no progress bar")
     pl.set_defaults(run=_plan_command)
     rep = commands.add_parser(

@@ -119,7 +119,12 @@ class Plan:
         """Compile this plan on its own mesh (the placement's device order on the topology's
         devices: the ``Mesh`` that :meth:`mesh` realises) and compare it with the program the
         search scored (``scored``; default :attr:`program`): collectives and predicted step
-        (:func:`compare_realised`). ``num_layers`` as for :meth:`compiled_program`."""
+        (:func:`compare_realised`).
+
+        Pass the ``num_layers`` the scored program was compiled at (the planner's): folding
+        gives the full depth's collectives, but the layer loop's ops that read the stacked
+        weights count the compiled depth's stack, so another depth may differ in time.
+        """
         return compare_realised(self, self.compiled_program(num_layers), scored)
 
     def run(self, params: Any, inputs: dict[str, Any], devices: Any = None) -> Any:

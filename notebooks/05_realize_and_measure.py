@@ -69,20 +69,21 @@ loaded = Plan.from_json(path, slice_)
 assert loaded.placement.order == best.placement.order
 
 # %% [markdown]
-# ## Compile the realised plan
+# ## Compile the realised plan: is it what was scored?
 #
-# `Plan.compiled_program` compiles the step under the plan's own mesh and shardings
-# (deviceless when this machine has no TPU; `layers` deep), reads the collectives from the
-# compiled HLO and scales the layer loop to the full depth, as notebook 3 did for every
-# candidate. Its collectives (kind, bytes, runs per step, group size, number of groups) must
-# be exactly the ones the ranking scored in `best.program`.
+# `Plan.verify` compiles the step under the plan's own mesh and shardings (its placement's
+# device order, not the row-major chip order the compile sweep compiled in; deviceless when
+# this machine has no TPU; `layers` deep, as the planner compiled), reads the collectives from
+# the compiled HLO, scales the layer loop to the full depth, as notebook 3 did for every
+# candidate, and compares them with `best.program`, the program the ranking scored: every
+# collective by kind, logical replica groups, bytes and runs per step, the compiler's algorithm
+# and schedule of each, and the predicted step of both on the plan's placement. The table
+# lists every difference; it is empty when the realised plan is what was scored.
 
 # %%
-program = best.compiled_program(num_layers=inputs.layers)
-realised, scored = program.signature(), best.program.signature()
-same = realised == scored
-display(Markdown(f"Realised plan's collectives {'match' if same else '**differ from**'} "
-                 f"the scored program ({len(realised)} collectives)."))
+check = best.verify(num_layers=inputs.layers)
+display(Markdown(check.summary() if check.equal else f"**{check.summary()}**"))
+check.to_frame()
 
 # %% [markdown]
 # ## Timing
@@ -114,5 +115,5 @@ else:
 
 # %%
 record("plan_candidate", best.candidate.name)
-record("realised_collectives_match", bool(same))
+record("realised_collectives_match", check.equal)
 record("platform", platform)

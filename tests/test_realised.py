@@ -4,17 +4,21 @@ groups, bytes, runs, algorithm) and the predicted step the search priced (``Plan
 a program that differs is reported with each difference named (``compare_realised``)."""
 
 import dataclasses
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 from tiny import WORKLOAD
 
 import aoizora_lab as az
+from aoizora_lab import planner
+from aoizora_lab.baselines import Baselines
 from aoizora_lab.candidates import Candidate
+from aoizora_lab.cli import main
 from aoizora_lab.compile import compile_candidates
-from aoizora_lab.cost import Predicted, predict
+from aoizora_lab.cost import Predicted, breakdown, predict
 from aoizora_lab.hlo import CollectiveSite, CommProgram
-from aoizora_lab.placement import Placement, rank_placements
+from aoizora_lab.placement import Placement, RankedPlacement, Ranking, Source, rank_placements
 from aoizora_lab.realize import Plan, compare_realised
 
 CFG_ULY = Candidate.from_name("cfg2-uly4")
@@ -93,6 +97,30 @@ def test_another_candidates_program_is_reported_with_the_differences_named(snake
     assert "total_s" in time.detail
     assert other.realised_predicted == check.realised_predicted
     assert other.scored_predicted.total_s > other.realised_predicted.total_s
+
+
+@pytest.mark.slow
+def test_plan_verify_prints_the_check_and_fails_on_a_difference(snake, swept, monkeypatch,
+                                                                 capsys):
+    plan, _ = snake
+
+    def planned(scored):  # what plan() returns, as far as the command reads it
+        best = dataclasses.replace(plan, program=scored, breakdown=breakdown(
+            scored, plan.topology, plan.placement))
+        ranking = Ranking([RankedPlacement(CFG_ULY, plan.placement, plan.predicted,
+                                           Source.STRUCTURED)])
+        return lambda *args, **kwargs: SimpleNamespace(ranking=ranking, best=best,
+                                                       baselines=Baselines())
+
+    command = ["plan", "wan2.1-t2v-1.3b@832x480x81/v5e:2x4", "--quiet", "--verify"]
+    monkeypatch.setattr(planner, "plan", planned(plan.program))
+    assert main(command) == 0
+    assert "compiled on its own mesh: The realised plan is what was scored" in (
+        capsys.readouterr().out)
+    monkeypatch.setattr(planner, "plan", planned(swept["cfg2-uly4-fsdp"]))
+    assert main(command) == 1
+    out = capsys.readouterr().out
+    assert "DIFFERS" in out and "missing" in out and "all-gather" in out and "total_s" in out
 
 
 def program(*collectives, sites=None):
