@@ -282,7 +282,8 @@ def load_calibration(generation: str, calibration_dir: Path | None = None) -> di
 
 def save_calibration(generation: str, overrides: dict[str, float],
                      calibration_dir: Path | str | None = None, **info: Any) -> Path:
-    """Write ``<calibration_dir>/<generation>.json`` as :func:`load_calibration` reads it.
+    """Write ``<calibration_dir>/<generation>.json`` as :func:`load_calibration` reads it,
+    ``overrides`` merged over the ones already in it.
 
     ``overrides`` are checked against the defaults first (an unknown field or a value
     :class:`ChipSpec` refuses is an error, never a file that breaks :func:`chip_spec` later);
@@ -290,10 +291,13 @@ def save_calibration(generation: str, overrides: dict[str, float],
     whole and renamed into place, so a reader never sees half of it.
     """
     generation = check_generation(generation)
-    _DEFAULTS[generation].replace(**overrides)
     folder = Path(calibration_dir) if calibration_dir is not None else default_calibration_dir()
-    folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{generation}.json"
+    # An ICI calibration and a compute calibration each keep the other's constants.
+    overrides = {**(load_calibration(generation, folder).get("overrides", {})
+                    if path.exists() else {}), **overrides}
+    _DEFAULTS[generation].replace(**overrides)
+    folder.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(path.name + ".partial")
     partial.write_text(json.dumps({**info, "generation": generation,
                                    "overrides": dict(overrides)}, indent=1))

@@ -302,3 +302,41 @@ def test_bad_repeat_counts_are_named_before_anything_runs(host_slice, counts):
     name, value = next(iter(counts.items()))
     with pytest.raises(az.AoizoraError, match=rf"{name}={value!r} must be an integer"):
         measure.time_plan(realised, **counts)
+
+
+def _steps(topology, attention_efficiency):
+    """Programs of one attention kernel and one compiler-estimated matmul each, and their
+    steps as the cost model prices them at a known attention efficiency."""
+    from aoizora_lab.cost import predict
+    from aoizora_lab.hlo import CommProgram, ComputeOp
+
+    truth = az.chip_spec("v5e", calibrated=False, attention_efficiency=attention_efficiency)
+    rows = []
+    for scale in (1.0, 2.5, 6.0):
+        ops = (ComputeOp(truth.peak_bf16_flops * 1e-3 * scale, 0.0, 4, 0, "attention"),
+               ComputeOp(1e9, 1e6, 4, 0, "matmul", estimated_cycles=2e6 / scale))
+        program = CommProgram((), topology.num_devices, ops=ops)
+        rows.append({"program": program, "topology": topology, "placement": None,
+                     "platform": "tpu",
+                     "seconds": predict(program, topology, None, chip=truth).total_s})
+    return pd.DataFrame(rows)
+
+
+def test_the_compute_fit_recovers_a_known_attention_efficiency(_no_user_calibration):
+    topology = az.Topology.simulated((2, 4))
+    fit = measure.calibrate_compute(_steps(topology, 0.35))
+    assert fit.overrides == pytest.approx({"attention_efficiency": 0.35}, rel=1e-9)
+    assert fit.rms_relative_error < 1e-9 and fit.points == 3
+    # Written beside an ICI calibration, both stay.
+    az.hardware.save_calibration("v5e", {"ici_efficiency": 0.8})
+    measure.write_calibration(fit)
+    spec = az.chip_spec("v5e")
+    assert (spec.ici_efficiency, spec.attention_efficiency) == pytest.approx((0.8, 0.35))
+    # Faster than peak is capped with a note; steps of CPU devices are said to be no TPU's.
+    fast = _steps(topology, 1.0).assign(seconds=lambda f: f["seconds"] * 0.5, platform="cpu")
+    capped = measure.calibrate_compute(fast)
+    assert capped.overrides["attention_efficiency"] == 1.0
+    assert any("capped at 1" in n for n in capped.notes)
+    assert any("say nothing about TPU" in n for n in capped.notes)
+    with pytest.raises(az.AoizoraError, match="'seconds'"):
+        measure.calibrate_compute(fast.drop(columns="seconds"))

@@ -11,7 +11,8 @@ and deviceless slices are refused, and CPU host devices prove the mechanics, not
 - :mod:`~aoizora_lab.measure.microbench`: collectives over physical groups of the slice, timed
   and priced by the ICI model (:func:`microbenchmarks`, :func:`probes`);
 - :mod:`~aoizora_lab.measure.calibration`: the ICI model's bandwidth and per-hop latency fitted
-  to microbenchmarks (:func:`calibrate`) and written for :func:`~aoizora_lab.chip_spec`
+  to microbenchmarks (:func:`calibrate`), the compute efficiencies fitted to timed steps
+  (:func:`calibrate_compute`), both written for :func:`~aoizora_lab.chip_spec`
   (:func:`write_calibration`).
 
 Timing never depends on microbenchmarks or calibration; calibration uses the microbenchmarks'
@@ -27,7 +28,15 @@ file to the other hosts (or point ``$AOIZORA_LAB_CALIBRATION_DIR`` at a shared f
 planning there, so every process plans with the same constants.
 """
 
-from aoizora_lab.measure.calibration import Calibration, calibrate, is_writer, write_calibration
+from aoizora_lab.measure.calibration import (
+    Calibration,
+    ComputeCalibration,
+    calibrate,
+    calibrate_compute,
+    compute_terms,
+    is_writer,
+    write_calibration,
+)
 from aoizora_lab.measure.clock import Timing, live_devices
 from aoizora_lab.measure.microbench import (
     DEFAULT_SIZES,
@@ -53,13 +62,16 @@ __all__ = [
     "DEFAULT_SIZES",
     "MICROBENCHMARK_KINDS",
     "Calibration",
+    "ComputeCalibration",
     "KiB",
     "Probe",
     "Timing",
     "WeightsSource",
     "block_groups",
     "calibrate",
+    "calibrate_compute",
     "compare_plans",
+    "compute_terms",
     "is_writer",
     "live_devices",
     "microbenchmarks",

@@ -1,4 +1,5 @@
-"""Calibrating the ICI model: fit its link bandwidth and per-hop latency to microbenchmarks.
+"""Calibrating the models: the ICI model's link bandwidth and per-hop latency fitted to
+microbenchmarks, the compute efficiencies fitted to timed steps.
 
 **Calibration** (:func:`calibrate`): the model is linear in its two constants. For one
 collective it predicts ``t = critical_bytes / (bandwidth * efficiency) + hops * latency``, where
@@ -13,6 +14,12 @@ and 1.2 us per hop on v5e (nominal 4.5e10) writes ``ici_efficiency = 0.889`` and
 ``ici_efficiency = 1``. :func:`write_calibration` stores them in
 ``data/calibration/<generation>.json`` (or ``$AOIZORA_LAB_CALIBRATION_DIR``), where
 :func:`~aoizora_lab.chip_spec` applies them from then on (``calibrated=False`` ignores them).
+
+**Compute** (:func:`calibrate_compute`): a timed step is its exposed communication, the ops
+the compiler estimated, and per op class a term at efficiency 1 divided by the class's
+efficiency (:func:`compute_terms`); the same relative non-negative least squares fits
+``1 / efficiency`` for the classes the steps exercise. :func:`write_calibration` writes
+either kind, merged into the generation's file.
 """
 
 from __future__ import annotations
@@ -21,19 +28,18 @@ import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any
 
 import jax
 import numpy as np
+import pandas as pd
 
 from aoizora_lab.comm_model import ModelOptions
+from aoizora_lab.cost import DEFAULT_COMPUTE_MODEL, op_seconds, predict
 from aoizora_lab.errors import AoizoraError
-from aoizora_lab.hardware import chip_spec, save_calibration
+from aoizora_lab.hardware import chip_spec, device_spec, save_calibration
 from aoizora_lab.measure.microbench import model_terms
 from aoizora_lab.topology import Topology
-
-if TYPE_CHECKING:
-    import pandas as pd
 
 
 @dataclass(frozen=True, eq=False)
@@ -135,9 +141,11 @@ def is_writer() -> bool:
     return jax.process_index() == 0
 
 
-def write_calibration(calibration: Calibration, directory: str | Path | None = None, *,
+def write_calibration(calibration: Calibration | ComputeCalibration,
+                      directory: str | Path | None = None, *,
                       allow_non_tpu: bool = False) -> Path | None:
-    """Write ``calibration`` to ``<directory>/<generation>.json`` for :func:`chip_spec`.
+    """Write ``calibration`` (ICI or compute) to ``<directory>/<generation>.json`` for
+    :func:`chip_spec`, merged with the constants already there.
 
     ``directory`` defaults to ``$AOIZORA_LAB_CALIBRATION_DIR`` or ``data/calibration``. Only
     process 0 writes (:func:`is_writer`); the others return ``None``. A calibration measured on
@@ -163,3 +171,123 @@ def write_calibration(calibration: Calibration, directory: str | Path | None = N
         rms_relative_error=calibration.rms_relative_error,
         max_relative_error=calibration.max_relative_error, notes=list(calibration.notes),
         date=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+
+
+# ----------------------------------------------------------------------------- compute
+
+
+@dataclass(frozen=True, eq=False)
+class ComputeCalibration:
+    """Compute efficiencies fitted to timed steps, the fit's error, and what to write."""
+
+    generation: str
+    """Chip generation the constants are for."""
+    slice: str
+    """The slice(s) measured."""
+    platform: str
+    """Platform of the measured devices (``"tpu"``; anything else is a test of mechanics)."""
+    compute_model: str
+    """The compute model fitted (:data:`aoizora_lab.cost.COMPUTE_MODELS`)."""
+    overrides: dict[str, float]
+    """The :class:`~aoizora_lab.ChipSpec` efficiencies to write."""
+    rms_relative_error: float
+    """Root mean square of ``(fitted - measured) / measured`` over the steps."""
+    max_relative_error: float
+    """Largest ``|fitted - measured| / measured``."""
+    points: int
+    """Number of steps fitted."""
+    notes: tuple[str, ...] = ()
+    """What the fit could not determine, or other facts a reader should know."""
+    table: pd.DataFrame | None = field(default=None, repr=False)
+    """The steps with their fixed part, per-class terms, ``fitted_s`` and ``relative_error``."""
+
+
+_CLASS_FIELDS = {"matmul": "matmul_efficiency", "attention": "attention_efficiency",
+                 "memory": "hbm_efficiency"}
+
+
+def compute_terms(program: Any, topology: Topology, placement: Any, *,
+                  compute_model: str | None = None) -> dict[str, float]:
+    """What a step's predicted time is made of, for :func:`calibrate_compute`: the part the
+    fit keeps (``fixed_s``: exposed communication, and under the ``"compiler"`` model the ops
+    the compiler estimated) and per op class the seconds at efficiency 1 that the class's
+    efficiency divides (FLOPs at peak for matmul and attention ops, bytes at HBM bandwidth
+    for memory-bound ones)."""
+    chip = device_spec(topology)
+    predicted = predict(program, topology, placement, compute_model=compute_model)
+    terms = {"fixed_s": predicted.exposed_s, **{name: 0.0 for name in _CLASS_FIELDS}}
+    for op in program.ops:
+        if ((compute_model or DEFAULT_COMPUTE_MODEL) == "compiler" and op.estimated_cycles
+                and chip.clock_hz):
+            terms["fixed_s"] += op.runs * op_seconds(op, chip, "compiler")
+        elif op.op_class == "memory":
+            terms["memory"] += op.runs * op.hbm_bytes / chip.hbm_bandwidth
+        else:
+            terms[op.op_class] += op.runs * op.flops / chip.peak_bf16_flops
+    return terms
+
+
+def calibrate_compute(measurements: pd.DataFrame, *,
+                      compute_model: str | None = None) -> ComputeCalibration:
+    """Fit the compute efficiencies to timed steps of compiled programs.
+
+    ``measurements`` has columns ``program`` (the :class:`~aoizora_lab.hlo.CommProgram` a
+    plan compiles to, e.g. ``Plan.compiled_program()``), ``topology``, ``placement`` and
+    ``seconds`` (the measured step, e.g. ``time_plan(plan).median``), optionally
+    ``platform``. Each step is ``fixed + sum over classes of term / efficiency``
+    (:func:`compute_terms`); a non-negative least-squares fit relative to each measurement
+    gives ``1 / efficiency`` per class that the steps exercise (under the default
+    ``"compiler"`` model only the attention kernels, which the compiler does not estimate).
+    An efficiency above 1 is capped with a note; the exposed communication is taken at the
+    current constants (fit again after writing to iterate).
+    """
+    from scipy.optimize import nnls
+
+    missing = {"program", "topology", "placement", "seconds"} - set(measurements.columns)
+    if missing or measurements.empty:
+        raise AoizoraError(
+            f"calibrate_compute needs rows with 'program', 'topology', 'placement' and "
+            f"'seconds'; got {len(measurements)} rows, missing {sorted(missing)}.")
+    seconds = measurements["seconds"].to_numpy(dtype=float)
+    if not (np.isfinite(seconds).all() and (seconds > 0).all()):
+        raise AoizoraError("calibrate_compute: every measured 'seconds' must be positive.")
+    terms = pd.DataFrame([compute_terms(p, t, o, compute_model=compute_model) for p, t, o in
+                          zip(measurements["program"], measurements["topology"],
+                              measurements["placement"], strict=True)])
+    classes = [c for c in _CLASS_FIELDS if (terms[c] > 0).any()]
+    notes: list[str] = []
+    if not classes:
+        raise AoizoraError("calibrate_compute: no op of these steps depends on an efficiency "
+                           "(every op has a compiler estimate); nothing to fit.")
+    rows = terms[classes].to_numpy() / seconds[:, None]
+    target = 1.0 - terms["fixed_s"].to_numpy() / seconds
+    inverse, _ = nnls(rows, target)
+    overrides = {}
+    for name, value in zip(classes, inverse, strict=True):
+        if value <= 0:
+            notes.append(f"{_CLASS_FIELDS[name]} not determined (fitted 0); the default is kept")
+            continue
+        if value < 1:
+            notes.append(f"{_CLASS_FIELDS[name]} fitted {1 / value:.3g} > 1, capped at 1")
+        overrides[_CLASS_FIELDS[name]] = min(1.0, 1.0 / value)
+    fitted = terms["fixed_s"].to_numpy() + rows @ inverse * seconds
+    relative = (fitted - seconds) / seconds
+    table = measurements.drop(columns=["program"]).assign(**terms, fitted_s=fitted,
+                                                          relative_error=relative)
+    topologies = list(dict.fromkeys(t.name for t in measurements["topology"]))
+    generations = {t.generation for t in measurements["topology"]}
+    if len(generations) != 1:
+        raise AoizoraError(f"calibrate_compute: steps of one generation at a time, got "
+                           f"{sorted(generations)}.")
+    platforms = (sorted(set(measurements["platform"])) if "platform" in measurements
+                 else ["unknown"])
+    if platforms != ["tpu"]:
+        notes.append(f"measured on {'/'.join(map(str, platforms))}: these efficiencies say "
+                     "nothing about TPU chips")
+    return ComputeCalibration(
+        generation=generations.pop(), slice=",".join(topologies),
+        platform="/".join(map(str, platforms)),
+        compute_model=compute_model or DEFAULT_COMPUTE_MODEL, overrides=overrides,
+        rms_relative_error=float(np.sqrt(np.mean(relative**2))),
+        max_relative_error=float(np.abs(relative).max()), points=len(seconds),
+        notes=tuple(notes), table=table)
