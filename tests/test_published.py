@@ -1,0 +1,128 @@
+"""benchmarks/published.py: the rebuilt measurements and the comparison arithmetic (no compiles:
+runs are priced by a stand-in predictor)."""
+
+import dataclasses
+import importlib
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+import aoizora_lab as az
+from aoizora_lab.baselines import maxdiffusion
+from aoizora_lab.cases import parse_case
+from aoizora_lab.cost import Predicted
+
+# Imported by name (dataclasses need the module in sys.modules).
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+published = importlib.import_module("published")
+BIG_GATHER = published.GATHERS[0]
+
+
+def simulated(name):
+    return az.Topology.from_name(name, deviceless=False)
+
+
+def test_scaling_book_gather_is_rebuilt_on_the_length_4_axis_without_wraparound():
+    collective, topo, placement = published.rebuild_gather(BIG_GATHER,
+                                                           simulated(BIG_GATHER.slice_name))
+    assert topo.shape == (4, 8) and topo.wrap == (False, False)
+    assert collective.kind == "all-gather"
+    assert collective.bytes == 2048 * 8192 * 2  # the gathered bf16[2048, 8192]
+    assert len(collective.groups) == 8
+    for group in collective.groups:
+        chips = topo.coords[placement[list(group)]]
+        assert sorted(chips[:, 0]) == [0, 1, 2, 3]  # spans the physical axis of length 4
+        assert len(set(chips[:, 1])) == 1  # on one line of it
+
+
+def test_gather_rows_price_the_lone_collective_with_the_ici_model():
+    rows = published.gather_rows([BIG_GATHER], topology_of=simulated)
+    collective, topo, placement = published.rebuild_gather(BIG_GATHER,
+                                                           simulated(BIG_GATHER.slice_name))
+    assert rows[0]["predicted"] == pytest.approx(az.estimate(collective, topo,
+                                                             placement).seconds)
+    assert rows[0]["error_pct"] == pytest.approx(
+        100 * (rows[0]["predicted"] / BIG_GATHER.published - 1))
+
+
+def test_bandwidth_fraction_is_the_books_effective_link_bandwidth():
+    m = dataclasses.replace(BIG_GATHER, quantity="bandwidth fraction", total_bytes=9e6)
+    # 9e6 B gathered in 100 us: 9e6 / (2 * 1e-4) = 4.5e10 B/s one way, the nominal figure.
+    assert published.gather_prediction(m, 1e-4) == pytest.approx(1.0)
+    assert published.gather_prediction(BIG_GATHER, 1e-4) == 1e-4
+
+
+@pytest.mark.parametrize(("predicted", "published_", "side"), [
+    (1.2, 1.1, True), (0.9, 1.1, False), (0.8, 0.95, True), (1.0, 1.1, False)])
+def test_ratio_side_and_error(predicted, published_, side):
+    assert published.right_side(predicted, published_) is side
+    row = published.comparison("m", "src", "ratio", published_, predicted, ratio=True)
+    assert row["error_pct"] == pytest.approx(100 * (predicted - published_) / published_)
+    assert row["within_target"] is (side and abs(row["error_pct"]) <= published.TARGET_PERCENT)
+
+
+def _fake_predictor(step_of):
+    def run(runs):
+        return {(case, cand): published.RunPrediction(Predicted(0.8 * step_of[cand], 0.5,
+                                                                step_of[cand]), "order")
+                for case, cand in runs}
+    return run
+
+
+def test_pairs_compare_ratio_of_steps_and_difference_over_the_steps():
+    pair = published.PAIRS[0]
+    steps = {pair.a.candidate: 3.0, pair.b.candidate: 2.5}
+    predictions = _fake_predictor(steps)([(r.case, r.candidate) for r in (pair.a, pair.b)])
+    ratio, difference = published.pair_rows(pair, predictions)
+    assert ratio["predicted"] == pytest.approx(3.0 / 2.5)
+    assert ratio["published"] == pytest.approx(pair.a.published_s / pair.b.published_s)
+    assert difference["predicted"] == pytest.approx(pair.a.steps * 0.5)
+    assert difference["published"] == pytest.approx(pair.a.published_s - pair.b.published_s)
+    side = published.run_row(pair, pair.a, predictions[(pair.a.case, pair.a.candidate)])
+    assert side["exposed_comm_s"] == pytest.approx(3.0 - 0.8 * 3.0)
+    assert side["implied_non_dit_s"] == pytest.approx(pair.a.published_s - pair.a.steps * 3.0)
+
+
+def test_a_missing_generation_is_found_when_called_and_becomes_the_rows_reason():
+    assert published.missing_generation("wan2.1-t2v-14b@1280x720x81/v6e:2x4") is None
+    reason = published.missing_generation("wan2.1-t2v-14b@1280x720x81/v99:2x2")
+    assert reason.startswith("not modelled yet: v99 generation missing")
+    run = published.Run("a", "wan2.1-t2v-14b@1280x720x81/v99:2x2", "cfg2-ctx2", 40, 100.0)
+    pair = published.RunPair("k", "src", "what", run, dataclasses.replace(run, label="b"))
+    rows = published.pair_rows(pair, {(run.case, run.candidate):
+                                      published.RunPrediction(reason=reason)})
+    assert [r["status"] for r in rows] == [reason, reason]
+    assert all(math.isnan(r["predicted"]) for r in rows)
+
+
+def test_check_counts_only_modelled_ratios_toward_the_target():
+    step_of = {c: 1.0 + i / 10 for i, c in enumerate(
+        sorted({r.candidate for p in published.PAIRS for r in (p.a, p.b)}))}
+    result = published.published_check(_fake_predictor(step_of), gathers=[],
+                                        topology_of=simulated)
+    ratios = result.comparisons[result.comparisons["compared"].str.endswith("ratio")]
+    modelled = ratios[ratios["status"] == "ok"]
+    assert len(modelled) == len([p for p in published.PAIRS if not p.not_modelled])
+    value = result.targets.iloc[0]["value"]
+    assert value.startswith(f"{int(modelled['right_side'].sum())} of {len(modelled)}")
+    assert published.SECTION in result.markdown()
+
+
+def test_write_section_replaces_its_own_section_and_keeps_the_others(tmp_path):
+    report = tmp_path / "benchmarks.md"
+    report.write_text("# Report\n\n## Plan quality\n\nA\n")
+    published.write_section(report, published.SECTION + "\n\nfirst")
+    report.write_text(report.read_text() + "\n## Search cost\n\nB\n")
+    published.write_section(report, published.SECTION + "\n\nsecond")
+    text = report.read_text()
+    assert text.count(published.SECTION) == 1 and "first" not in text
+    assert text.index("## Plan quality\n\nA") < text.index("second") < text.index(
+        "## Search cost\n\nB")
+
+
+def test_flash_runs_are_what_the_maxdiffusion_baseline_builds():
+    case = parse_case(published.V6E_720P)
+    candidate, _ = maxdiffusion(case.workload, case.topology())
+    assert candidate.name == published.FLASH4
