@@ -262,9 +262,9 @@ def comparison(key: str, source: str, compared: str, published: float, predicted
     the sign check."""
     ok = (right_side(predicted, published) if ratio
           else bool(np.sign(predicted) == np.sign(published)))
-    error = error_percent(predicted, published)
+    error = float(error_percent(predicted, published))
     return {"measurement": key, "compared": compared, "published": published,
-            "predicted": predicted, "error_pct": error, "right_side": ok,
+            "predicted": float(predicted), "error_pct": error, "right_side": ok,
             "within_target": ok and abs(error) <= TARGET_PERCENT, "status": "ok", "why": why,
             "note": note, "source": source}
 
@@ -522,7 +522,8 @@ def published_targets(comparisons: pd.DataFrame) -> pd.DataFrame:
     missing = len(ratios) - len(done)
     suffix = f" ({missing} of {len(ratios)} ratios not modelled)" if missing else ""
     return pd.DataFrame([
-        {"target": target, "value": f"{int(done[column].sum())} of {len(done)}{suffix}",
+        {"target": target, "value": f"{int(done[column].astype(bool).sum())} of "
+                                    f"{len(done)}{suffix}",
          "met": met(done[column].all()) if len(done) else "n/a"}
         for target, column in (
             ("every predicted ratio on the right side of 1", "right_side"),

@@ -7,6 +7,8 @@ import math
 import sys
 from pathlib import Path
 
+import numpy as np
+import pandas as pd
 import pytest
 
 import aoizora_lab as az
@@ -63,6 +65,16 @@ def test_ratio_side_and_error(predicted, published_, side):
     assert row["within_target"] is (side and abs(row["error_pct"]) <= published.TARGET_PERCENT)
 
 
+def test_targets_count_the_rows_whatever_number_types_the_model_returns():
+    # numpy floats, as a cost model may return them (numpy bools do not add up in pandas)
+    rows = [published.comparison("m", "src", "a / b ratio", 1.1, np.float64(p), ratio=True)
+            for p in (1.12, 1.08)]
+    rows.append(published.not_modelled("n", "src", "a / b ratio", 1.1, "not modelled: why"))
+    targets = published.published_targets(pd.DataFrame(rows))
+    assert list(targets["value"]) == ["2 of 2 (1 of 3 ratios not modelled)"] * 2
+    assert list(targets["met"]) == ["met", "met"]
+
+
 def _fake_predictor(step_of):
     def run(runs):
         return {(case, cand): published.RunPrediction(Predicted(0.8 * step_of[cand], 0.5,
@@ -105,8 +117,9 @@ def test_check_counts_only_modelled_ratios_toward_the_target():
     ratios = result.comparisons[result.comparisons["compared"].str.endswith("ratio")]
     modelled = ratios[ratios["status"] == "ok"]
     assert len(modelled) == len([p for p in published.PAIRS if not p.not_modelled])
-    value = result.targets.iloc[0]["value"]
-    assert value.startswith(f"{int(modelled['right_side'].sum())} of {len(modelled)}")
+    for target, column in zip(result.targets["value"], ["right_side", "within_target"],
+                              strict=True):
+        assert target.startswith(f"{sum(map(bool, modelled[column]))} of {len(modelled)}")
     assert published.SECTION in result.markdown()
 
 
