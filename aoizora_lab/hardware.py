@@ -206,6 +206,10 @@ _DEFAULTS: dict[str, ChipSpec] = {
         # exchange, both directions together, is at most 7.38e12 / 2 = 3.69e12 B/s.
         # Calibrate on a live slice.
         intra_chip_bandwidth=7.38e12 / 2,
+        # The compiler's estimated_cycles on tpu7x reach the same 423k matmul FLOPs per cycle
+        # per device as on v6e (Wan 14B@720p, tpu7x:2x2x1): 4 x 256^2 MACs per device per
+        # cycle; two devices share the chip's 2307 TFLOP/s, so the cycle is 2.2 GHz
+        clock_hz=2.307e15 / (2 * 4 * 256 * 256 * 2),
     ),
 }
 
@@ -217,8 +221,13 @@ EFFICIENCY_SOURCES: dict[str, str] = {
         "the matmul-class ops of 12 compiled Wan 2.1 steps on v5e (libtpu of jax 0.10.2) "
         "take 0.96x their FLOP/HBM roofline in total, i.e. no slowdown; capped at 1"),
     "attention_efficiency": (
-        "no compiler estimate exists for Pallas kernels; calibrated from one published "
-        "measurement (benchmarks/published.py names it), the other rows validate it"),
+        "an assumption, checked against published runs: the compiler estimates no Pallas "
+        "kernel and no per-step time is published, only whole generations (DiT steps plus "
+        "text encoding and VAE decoding). Each measured generation bounds it from below "
+        "(attention_efficiency_floor in the Published measurements section of "
+        "reports/benchmarks.md: 0.29-0.38 for MaxDiffusion PR #376 on v6e-8 and its README's "
+        "v7x runs); 0.5 leaves 31 s of PR #376's 251 s Ulysses generation to the non-DiT "
+        "part. measure.calibrate_compute fits it to timed steps on a TPU VM"),
     "hbm_efficiency": (
         "fitted like matmul_efficiency: the compiler prices the memory-class ops (elementwise "
         "f32 math, norms, copies, RoPE) of the same steps at 2.7x their HBM roofline (0.37): "

@@ -310,7 +310,8 @@ def _runs(computations: dict[str, list[_Instruction]], entry: str,
             callees = _callees(ins)
             trips = 1
             if ins.op == "while":
-                trips = _trip_count(ins, dict(callees).get("condition"), computations, notes)
+                trips = _trip_count(ins, dict(callees).get("condition"),
+                                    dict(callees).get("body"), computations, notes)
             for role, callee in callees:
                 looped = role in ("body", "condition")
                 visit(callee, times * (trips if looped else 1),
@@ -320,7 +321,7 @@ def _runs(computations: dict[str, list[_Instruction]], entry: str,
     return runs, loops
 
 
-def _trip_count(ins: _Instruction, condition: str | None,
+def _trip_count(ins: _Instruction, condition: str | None, body: str | None,
                 computations: dict[str, list[_Instruction]], notes: list[str]) -> int:
     known = re.search(r'"known_trip_count"\s*:\s*\{\s*"n"\s*:\s*"(\d+)"', ins.rest)
     if known:
@@ -332,23 +333,50 @@ def _trip_count(ins: _Instruction, condition: str | None,
         for i in computations.get(comp, []):
             seen.append(i)
             pending += [c for role, c in _callees(i) if role == "calls"]
-    constants = {}
-    for i in seen:
-        value = re.match(r"\s*(-?\d+)\)", i.rest) if i.op == "constant" else None
-        if value and re.match(r"[su](32|64)\[\]", i.type):
-            constants[i.name] = int(value.group(1))
+    constants = _scalar_constants(seen)
+    by_name = {i.name: i for i in seen}
     for i in seen:
         if i.op != "compare":
             continue
         operands = re.findall(r"%([\w.\-]+)", i.rest.split(")")[0])
         direction = re.search(r"direction=(\w+)", i.rest)
         bound = [constants[o] for o in operands if o in constants]
+        counter = [re.search(r"index=(\d+)", by_name[o].rest) for o in operands
+                   if o in by_name and by_name[o].op == "get-tuple-element"]
+        step = _loop_step(computations.get(body or "", []), counter[0].group(1)
+                          if counter and counter[0] else None)
         if bound and direction and direction.group(1) in ("LT", "GT", "NE"):
-            return max(bound[0], 1)
+            return max(-(-bound[0] // step), 1)
         if bound and direction and direction.group(1) in ("LE", "GE"):
-            return bound[0] + 1
+            return bound[0] // step + 1
     notes.append(f"loop {ins.name}: trip count not found, counted once")
     return 1
+
+
+def _scalar_constants(instructions: list[_Instruction]) -> dict[str, int]:
+    """Integer scalar constants among ``instructions``, by name."""
+    constants = {}
+    for i in instructions:
+        value = re.match(r"\s*(-?\d+)\)", i.rest) if i.op == "constant" else None
+        if value and re.match(r"[su](32|64)\[\]", i.type):
+            constants[i.name] = int(value.group(1))
+    return constants
+
+
+def _loop_step(body: list[_Instruction], index: str | None) -> int:
+    """How much the loop body adds to the counter at tuple ``index`` per iteration: the
+    ``add`` of a constant that the root tuple carries to the next iteration (1 when there is
+    none; windowed einsums step by 2)."""
+    if index is None or not body or body[-1].op != "tuple":
+        return 1
+    carried = body[-1].operands()
+    by_name = {i.name: i for i in body}
+    update = by_name.get(carried[int(index)]) if int(index) < len(carried) else None
+    if update is None or update.op != "add":
+        return 1
+    steps = [value for name, value in _scalar_constants(body).items()
+             if name in update.operands()]
+    return steps[0] if steps and steps[0] > 0 else 1
 
 
 # ----------------------------------------------------------------------------- schedule

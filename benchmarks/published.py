@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures as cf
+import dataclasses
 import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -27,10 +28,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from aoizora_lab.bench.report import config_line, error_status, markdown_table, met
+from aoizora_lab.bench.report import ReportFile, config_line, error_status, markdown_table, met
 from aoizora_lab.cases import parse_case
 from aoizora_lab.comm_model import Collective, mesh_axis_groups
-from aoizora_lab.cost import Predicted, comm_seconds
+from aoizora_lab.cost import COMPUTE_MODELS, DEFAULT_COMPUTE_MODEL, Predicted, comm_seconds
 from aoizora_lab.hardware import chip_spec
 from aoizora_lab.topology import Topology, parse_slice_name
 
@@ -63,7 +64,9 @@ ACCOUNTING = (
     "same side. A scaling pair (same runs on 8 and 16 devices) keeps that order only if N "
     "shrinks no faster than D. `implied_non_dit_s` = published - steps x predicted step: the "
     "N the prediction leaves; negative means the model predicts slower steps than the "
-    "whole run allows.")
+    "whole run allows. `attention_efficiency_floor`: the attention-kernel efficiency at which "
+    "the steps alone would fill the whole published time (N = 0), the lowest that run "
+    "allows; the model's `attention_efficiency` must lie above every floor.")
 
 
 DIFFERENCES = (
@@ -340,6 +343,10 @@ class RunPrediction:
     predicted: Predicted | None = None
     placement: str = ""
     reason: str = ""
+    attention_s: float = 0.0
+    """Its attention kernels' time at efficiency 1 (``measure.compute_terms``)."""
+    fixed_s: float = 0.0
+    """What of its step no efficiency changes (exposed comm, compiler-estimated ops)."""
 
 
 Predictor = Callable[[Iterable[tuple[str, str]]], Mapping[tuple[str, str], RunPrediction]]
@@ -347,14 +354,15 @@ Predictor = Callable[[Iterable[tuple[str, str]]], Mapping[tuple[str, str], RunPr
 
 
 def compiling_predictor(*, num_layers: int | None = 2, cache_dir: str | Path | None = None,
-                        workers: int = 2, progress: Callable[[str], None] | None = None
-                        ) -> Predictor:
+                        workers: int = 2, progress: Callable[[str], None] | None = None,
+                        compute_model: str | None = None) -> Predictor:
     """Compile each case's candidates deviceless (cached; ``num_layers`` folded like the
     planner) and price them with :func:`aoizora_lab.cost.predict` on the order
     ``mesh_utils.create_device_mesh`` gives MaxDiffusion's mesh."""
     from aoizora_lab.candidates import Candidate, default_attention
     from aoizora_lab.compile import compile_candidates
     from aoizora_lab.cost import predict
+    from aoizora_lab.measure.calibration import compute_terms
     from aoizora_lab.placement import create_device_mesh_order
 
     def run(runs: Iterable[tuple[str, str]]) -> dict[tuple[str, str], RunPrediction]:
@@ -388,8 +396,12 @@ def compiling_predictor(*, num_layers: int | None = 2, cache_dir: str | Path | N
                         reason=f"not compiled: {result.status}: {result.message[:160]}")
                     continue
                 placement = create_device_mesh_order(result.candidate.mesh_shape, topology)
+                terms = compute_terms(result.program, topology, placement,
+                                      compute_model=compute_model)
                 out[(spec, name)] = RunPrediction(
-                    predict(result.program, topology, placement), placement.description)
+                    predict(result.program, topology, placement, compute_model=compute_model),
+                    placement.description,
+                    attention_s=terms["attention"], fixed_s=terms["fixed_s"])
         return out
 
     return run
@@ -405,9 +417,14 @@ def run_row(pair: RunPair, run: Run, prediction: RunPrediction) -> dict[str, Any
     if p is None:
         return row | {"status": prediction.reason}
     dit = run.steps * p.total_s
+    # Were the whole generation DiT steps, attention would run at this efficiency: the
+    # lowest the published time allows (more non-DiT time means a higher one).
+    room = run.published_s / run.steps - prediction.fixed_s
+    floor = prediction.attention_s / room if room > 0 else math.nan
     return row | {"status": "ok", "compute_s": p.compute_s, "comm_s": p.comm_s,
                   "exposed_comm_s": p.total_s - p.compute_s, "step_s": p.total_s,
-                  "dit_s": dit, "implied_non_dit_s": run.published_s - dit}
+                  "dit_s": dit, "implied_non_dit_s": run.published_s - dit,
+                  "attention_efficiency_floor": floor}
 
 
 def _why(pair: RunPair, a: Predicted, b: Predicted) -> str:
@@ -453,6 +470,8 @@ class PublishedCheck:
     targets: pd.DataFrame
     """``target``, ``value``, ``met``."""
     config: dict[str, Any] = field(default_factory=dict)
+    models: pd.DataFrame | None = None
+    """The ratio rows' agreement under each compute model (:func:`compare_models`)."""
 
     def markdown(self) -> str:
         """This script's section of the benchmark report."""
@@ -487,6 +506,11 @@ class PublishedCheck:
             "Each rebuilt run: predicted step (compute + exposed communication), the DiT "
             "part of the generation (steps x step) and the non-DiT time that leaves:",
             markdown_table(self.runs),
+            *([f"The compute models compared (`--compute-model`; `{DEFAULT_COMPUTE_MODEL}` "
+               "is the default and wrote the tables above): the same ratio rows under each, "
+               "mean and largest absolute error, and the targets. " + _models_verdict(
+                   self.models),
+               markdown_table(self.models)] if self.models is not None else []),
         ])
 
 
@@ -511,8 +535,35 @@ def published_check(predictor: Predictor, *, gathers: Iterable[GatherMeasurement
     runs = pd.DataFrame(run_rows).reindex(columns=[
         "measurement", "run", "case", "candidate", "placement", "status", "steps",
         "published_s", "compute_s", "comm_s", "exposed_comm_s", "step_s", "dit_s",
-        "implied_non_dit_s"])
+        "implied_non_dit_s", "attention_efficiency_floor"])
     return PublishedCheck(comparisons, runs, published_targets(comparisons), config or {})
+
+
+def _models_verdict(models: pd.DataFrame) -> str:
+    """Which compute model agrees better, over all ratio rows and without the ring rows
+    (whose error is our ring against MaxDiffusion's fused ring kernel)."""
+    best = {column: models.loc[models[column].idxmin(), "compute model"]
+            for column in ("mean abs error %", "mean abs error % without ring rows")}
+    return (f"Over all ratio rows `{best['mean abs error %']}` agrees better; without the "
+            f"ring rows (our ring against MaxDiffusion's fused ring kernel, whatever the "
+            f"compute model) `{best['mean abs error % without ring rows']}` does.")
+
+
+def compare_models(checks: Mapping[str, PublishedCheck]) -> pd.DataFrame:
+    """Per compute model: how its modelled ratio rows agree with the published ones."""
+    rows = []
+    for model, check in checks.items():
+        ratios = check.comparisons[check.comparisons["compared"].str.endswith("ratio")]
+        errors = ratios["error_pct"].dropna().abs()
+        # Ring rows compare our ring with MaxDiffusion's fused Tokamax ring kernel: their
+        # error is mostly the kernels', whatever the compute model.
+        same_kernels = errors[~ratios.loc[errors.index, "compared"].str.startswith("ring")]
+        rows.append({"compute model": model, "ratios": len(errors),
+                     "mean abs error %": errors.mean(), "max abs error %": errors.max(),
+                     "mean abs error % without ring rows": same_kernels.mean(),
+                     **dict(zip(check.targets["target"], check.targets["value"],
+                                strict=True))})
+    return pd.DataFrame(rows)
 
 
 def published_targets(comparisons: pd.DataFrame) -> pd.DataFrame:
@@ -531,21 +582,6 @@ def published_targets(comparisons: pd.DataFrame) -> pd.DataFrame:
              "within_target"))])
 
 
-def write_section(path: str | Path, section: str) -> Path:
-    """Put ``section`` (starting with :data:`SECTION`) into the report at ``path``: replace
-    this script's previous section, keep every other one, append when absent."""
-    path = Path(path)
-    text = path.read_text() if path.exists() else "# AoiZora Lab benchmarks\n"
-    start = text.find(SECTION + "\n")
-    if start < 0:
-        text = text.rstrip("\n") + "\n\n" + section + "\n"
-    else:
-        end = text.find("\n## ", start + len(SECTION))
-        text = text[:start] + section + ("\n" + text[end:] if end >= 0 else "\n")
-    path.write_text(text)
-    return path
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--num-layers", type=int, default=2,
@@ -553,13 +589,18 @@ def main() -> None:
                              "as the planner's benchmarks)")
     parser.add_argument("--workers", type=int, default=2, help="compiles at a time")
     parser.add_argument("--cache-dir", default=None, help="compile cache (default: the repo's)")
+    parser.add_argument("--compute-model", choices=COMPUTE_MODELS, default=DEFAULT_COMPUTE_MODEL,
+                        help="how ops are priced (aoizora_lab.cost; the report section is "
+                             "written for the default only)")
     parser.add_argument("--out", default="reports/benchmarks.md",
                         help="report whose published-measurements section is rewritten")
     args = parser.parse_args()
-    result = published_check(
+    checks = {model: published_check(
         compiling_predictor(num_layers=args.num_layers, cache_dir=args.cache_dir,
-                            workers=args.workers, progress=print),
-        config={"num_layers": args.num_layers})
+                            workers=args.workers, progress=print, compute_model=model),
+        config={"num_layers": args.num_layers, "compute model": model})
+        for model in dict.fromkeys([args.compute_model, *COMPUTE_MODELS])}
+    result = dataclasses.replace(checks[args.compute_model], models=compare_models(checks))
     with pd.option_context("display.width", 250, "display.max_columns", 40,
                            "display.max_colwidth", 70):
         print(result.comparisons.drop(columns=["source", "why"]).to_string(
@@ -568,7 +609,12 @@ def main() -> None:
         print(result.runs.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
         print("\nTargets:")
         print(result.targets.to_string(index=False))
-    print(f"\nwrote {write_section(args.out, result.markdown())}")
+        print("\nCompute models:")
+        print(result.models.to_string(index=False, float_format=lambda v: f"{v:.3g}"))
+    if args.compute_model == DEFAULT_COMPUTE_MODEL:
+        report = ReportFile(args.out, keep=True, command="python benchmarks/published.py")
+        report.add(result.markdown())
+        print(f"\nwrote {report.path}")
 
 
 if __name__ == "__main__":

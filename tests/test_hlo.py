@@ -239,3 +239,39 @@ def test_nested_loops_multiply_their_trip_counts():
     [psum] = [c for c in program.collectives if c.kind == "all-reduce"]
     assert psum.count == 12 and psum.bytes == 4 * 8 * 4
     assert program.to_frame()["loop_depth"].tolist() == [2]
+
+
+def test_a_loop_counting_in_steps_of_two_runs_half_as_often():
+    # A windowed einsum's loop: the counter goes 0, 2 while it is below 4: two trips.
+    text = """
+HloModule windowed, num_partitions=2
+
+%cond (s: (u32[], f32[8])) -> pred[] {
+  %s = (u32[], f32[8]) parameter(0)
+  %n = u32[] get-tuple-element(%s), index=0
+  %four = u32[] constant(4)
+  ROOT %lt = pred[] compare(%n, %four), direction=LT
+}
+
+%body (s: (u32[], f32[8])) -> (u32[], f32[8]) {
+  %s = (u32[], f32[8]) parameter(0)
+  %n = u32[] get-tuple-element(%s), index=0
+  %one = u32[] constant(1)
+  %other = u32[] add(%n, %one)
+  %v = f32[8] get-tuple-element(%s), index=1
+  %p = f32[8] collective-permute(%v), channel_id=1, source_target_pairs={{0,1},{1,0}}
+  %two = u32[] constant(STEP)
+  %next = u32[] add(%n, %two)
+  ROOT %out = (u32[], f32[8]) tuple(%next, %p)
+}
+
+ENTRY %main (a: f32[8]) -> (u32[], f32[8]) {
+  %a = f32[8] parameter(0)
+  %z = u32[] constant(0)
+  %init = (u32[], f32[8]) tuple(%z, %a)
+  ROOT %w = (u32[], f32[8]) while(%init), condition=%cond, body=%body
+}
+"""
+    for step, trips in ((1, 4), (2, 2), (3, 2)):
+        [permute] = parse_hlo(text.replace("STEP", str(step))).collectives
+        assert permute.count == trips

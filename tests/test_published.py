@@ -97,6 +97,30 @@ def test_pairs_compare_ratio_of_steps_and_difference_over_the_steps():
     assert side["implied_non_dit_s"] == pytest.approx(pair.a.published_s - pair.a.steps * 3.0)
 
 
+def test_the_attention_floor_is_the_efficiency_that_fills_the_published_time():
+    pair = published.PAIRS[0]
+    prediction = published.RunPrediction(Predicted(3.0, 0.5, 3.2), "order", attention_s=1.0,
+                                         fixed_s=2.0)
+    row = published.run_row(pair, pair.a, prediction)
+    # fixed + attention / floor = the published generation spread over its steps
+    assert 2.0 + 1.0 / row["attention_efficiency_floor"] == pytest.approx(
+        pair.a.published_s / pair.a.steps)
+
+
+def test_compute_models_are_compared_on_the_same_ratio_rows():
+    candidates = sorted({r.candidate for p in published.PAIRS for r in (p.a, p.b)})
+    checks = {model: published.published_check(
+        _fake_predictor({c: 1.0 + (i + 1) * scale for i, c in enumerate(candidates)}),
+        gathers=[], topology_of=simulated) for model, scale in (("a", 0.1), ("b", 0.01))}
+    table = published.compare_models(checks).set_index("compute model")
+    for model, check in checks.items():
+        ratios = check.comparisons[check.comparisons["compared"].str.endswith("ratio")]
+        assert table.loc[model, "mean abs error %"] == pytest.approx(
+            ratios["error_pct"].abs().mean())
+    assert "agrees better" in dataclasses.replace(checks["a"], models=table.reset_index()
+                                                  ).markdown()
+
+
 def test_a_missing_generation_is_found_when_called_and_becomes_the_rows_reason():
     assert published.missing_generation("wan2.1-t2v-14b@1280x720x81/v6e:2x4") is None
     reason = published.missing_generation("wan2.1-t2v-14b@1280x720x81/v99:2x2")
@@ -121,18 +145,6 @@ def test_check_counts_only_modelled_ratios_toward_the_target():
                               strict=True):
         assert target.startswith(f"{sum(map(bool, modelled[column]))} of {len(modelled)}")
     assert published.SECTION in result.markdown()
-
-
-def test_write_section_replaces_its_own_section_and_keeps_the_others(tmp_path):
-    report = tmp_path / "benchmarks.md"
-    report.write_text("# Report\n\n## Plan quality\n\nA\n")
-    published.write_section(report, published.SECTION + "\n\nfirst")
-    report.write_text(report.read_text() + "\n## Search cost\n\nB\n")
-    published.write_section(report, published.SECTION + "\n\nsecond")
-    text = report.read_text()
-    assert text.count(published.SECTION) == 1 and "first" not in text
-    assert text.index("## Plan quality\n\nA") < text.index("second") < text.index(
-        "## Search cost\n\nB")
 
 
 def test_flash_runs_are_what_the_maxdiffusion_baseline_builds():

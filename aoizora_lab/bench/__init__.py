@@ -111,8 +111,9 @@ def run_all(*, quick: bool = False, out: str | Path = "reports/benchmarks.md",
             command: str = "aoizora-lab bench",
             progress: Callable[[str], None] | None = None) -> Path:
     """Run the benchmarks (``only``: a subset of :data:`BENCHMARKS`) and write the report to
-    ``out`` after each one, so that an interrupted run keeps the finished ones; with ``only``
-    the report's other sections stay as they are (each regenerated one says when).
+    ``out`` after each one, so that an interrupted run keeps the finished ones; sections it
+    does not regenerate (``only``, or written by ``benchmarks/published.py``) stay as they
+    are, and each regenerated one says when.
 
     ``quick``: :data:`QUICK_MATRIX` for plan quality and search cost, compiled at
     :data:`QUICK_LAYERS` layers unless ``num_layers`` says otherwise, and 2,000 placement
@@ -135,8 +136,9 @@ def run_all(*, quick: bool = False, out: str | Path = "reports/benchmarks.md",
                      else QUICK_MATRIX if quick else SEARCH_COST_MATRIX)
     layers = num_layers if num_layers is not None else (QUICK_LAYERS if quick else None)
     evaluations = evaluations or (2_000 if quick else 20_000)
-    # A subset regenerates its sections in the report and keeps the others.
-    report = ReportFile(out, command=command, keep=only is not None)
+    # The report keeps sections other commands wrote (benchmarks/published.py) and, with
+    # ``only``, the benchmarks not rerun.
+    report = ReportFile(out, command=command, keep=True)
     if "plan-quality" in chosen:
         report.add(plan_quality(quality_matrix, num_layers=layers, cache_dir=cache_dir,
                                 progress=progress).markdown())
