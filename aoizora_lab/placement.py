@@ -645,7 +645,7 @@ class RankedPlacement:
     placement: Placement
     """Its device order on the slice."""
     predicted: Predicted
-    """Compute, communication and the step with the overlap rule
+    """Compute, communication and the step, overlap read from the compiled schedule
     (:func:`aoizora_lab.cost.predict`)."""
     source: Source
     """Where the placement search found it."""
