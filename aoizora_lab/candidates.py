@@ -33,7 +33,7 @@ from jax.sharding import AbstractMesh, Mesh
 from jax.sharding import PartitionSpec as P
 
 from aoizora_lab.errors import AoizoraError, is_whole
-from aoizora_lab.hardware import device_spec
+from aoizora_lab.hardware import chip_spec
 from aoizora_lab.models.attention import check_backend
 from aoizora_lab.models.parallel import ROLES, ParallelPlan, spec_shards
 from aoizora_lab.models.wan import WanConfig, param_leaves, param_specs
@@ -280,7 +280,7 @@ def explain_candidates(workload: Workload, topology: Topology, *, allow_padding:
     """
     cfg = workload.config()
     attention = check_backend(attention or default_attention(topology))
-    usable = device_spec(topology).hbm_usable_bytes
+    usable = chip_spec(topology.generation).hbm_usable_bytes
     options = []
     for degrees in _degree_tuples(topology.num_devices, len(ROLES)):
         by_role = dict(zip(ROLES, degrees, strict=True))
