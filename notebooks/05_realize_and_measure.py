@@ -77,13 +77,14 @@ assert loaded.placement.order == best.placement.order
 # the compiled HLO, scales the layer loop to the full depth, as notebook 3 did for every
 # candidate, and compares them with `best.program`, the program the ranking scored: every
 # collective by kind, logical replica groups, bytes and runs per step, the compiler's algorithm
-# and schedule of each, and the predicted step of both on the plan's placement. The table
-# lists every difference; it is empty when the realised plan is what was scored.
+# and schedule of each, and the predicted step of both on the plan's placement. Where they
+# differ, a table lists every difference.
 
 # %%
 check = best.verify(num_layers=inputs.layers)
 display(Markdown(check.summary() if check.equal else f"**{check.summary()}**"))
-check.to_frame()
+if not check.equal:
+    display(check.to_frame())
 
 # %% [markdown]
 # ## Timing
