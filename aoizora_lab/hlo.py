@@ -641,10 +641,32 @@ def _compute_ops(computations: dict[str, list[_Instruction]], runs: dict[str, in
                                                                   "AsyncCollectiveDone")):
                 continue  # the collective itself (a start, a done, a synchronous fusion)
             flops = _own_flops(ins, types[name]) + sum(flops_of(c) for c in callees)
-            moved = _array_bytes(ins.type) + sum(_array_bytes(types[name].get(o, ""))
-                                                 for o in ins.operands())
+            moved = _array_bytes(ins.type) + sum(_operand_reads(ins, computations, types[name]))
             op_class = "attention" if attention else "matmul" if flops else "memory"
             ops.append(ComputeOp(flops, moved, runs[name], (loops.get(name) or (0,))[0],
                                  op_class, float(cycles.group(1)) if cycles else 0.0,
                                  (*anchors.get(name, ()), (name, position))))
     return tuple(ops)
+
+
+def _operand_reads(ins: _Instruction, computations: dict[str, list[_Instruction]],
+                   types: dict[str, str]) -> list[float]:
+    """Bytes ``ins`` reads of each operand: all of it, except an operand only sliced
+    (``dynamic-slice``, directly or inside the fusion): then the slices. A layer loop reads
+    one layer of its stacked weights per trip, whatever the depth of the stack."""
+    callee = next((c for role, c in _callees(ins) if role == "calls"), None)
+    body = computations.get(callee or "", [])
+    params = {int(m.group(1)): i.name for i in body if i.op == "parameter"
+              for m in [re.match(r"\s*(\d+)\)", i.rest)] if m}
+    reads = []
+    for position, operand in enumerate(ins.operands()):
+        if ins.op == "dynamic-slice" and position == 0:
+            reads.append(_array_bytes(ins.type))
+            continue
+        name = params.get(position)
+        users = [i for i in body if name and name in i.operands()]
+        if users and all(u.op == "dynamic-slice" and u.operands()[0] == name for u in users):
+            reads.append(sum(_array_bytes(u.type) for u in users))
+        else:
+            reads.append(_array_bytes(types.get(operand, "")))
+    return reads

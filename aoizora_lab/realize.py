@@ -121,9 +121,8 @@ class Plan:
         search scored (``scored``; default :attr:`program`): collectives and predicted step
         (:func:`compare_realised`).
 
-        Pass the ``num_layers`` the scored program was compiled at (the planner's): folding
-        gives the full depth's collectives, but the layer loop's ops that read the stacked
-        weights count the compiled depth's stack, so another depth may differ in time.
+        ``num_layers`` as for :meth:`compiled_program` (the planner's depth is the cheapest:
+        a fold has the full depth's collectives and compute).
         """
         return compare_realised(self, self.compiled_program(num_layers), scored)
 

@@ -275,3 +275,32 @@ ENTRY %main (a: f32[8]) -> (u32[], f32[8]) {
     for step, trips in ((1, 4), (2, 2), (3, 2)):
         [permute] = parse_hlo(text.replace("STEP", str(step))).collectives
         assert permute.count == trips
+
+
+def test_a_loop_reads_one_layer_of_its_stacked_weights_per_trip():
+    # A scan over stacked weights: each trip's fusion slices one [64, 64] layer out of the
+    # [L, 64, 64] stack, so its reads do not grow with L.
+    def text(layers):
+        return f"""
+HloModule stacked, num_partitions=1
+
+%slice_mul (w: f32[{layers},64,64], i: s32[], x: f32[64,64]) -> f32[64,64] {{
+  %w = f32[{layers},64,64] parameter(0)
+  %i = s32[] parameter(1)
+  %x = f32[64,64] parameter(2)
+  %z = s32[] constant(0)
+  %layer = f32[1,64,64] dynamic-slice(%w, %i, %z, %z), dynamic_slice_sizes={{1,64,64}}
+  %r = f32[64,64] reshape(%layer)
+  ROOT %m = f32[64,64] multiply(%r, %x)
+}}
+
+ENTRY %main (w: f32[{layers},64,64], i: s32[], x: f32[64,64]) -> f32[64,64] {{
+  %w = f32[{layers},64,64] parameter(0)
+  %i = s32[] parameter(1)
+  %x = f32[64,64] parameter(2)
+  ROOT %f = f32[64,64] fusion(%w, %i, %x), kind=kLoop, calls=%slice_mul
+}}
+"""
+    [shallow], [deep] = parse_hlo(text(2)).ops, parse_hlo(text(40)).ops
+    layer = 64 * 64 * 4
+    assert shallow.hbm_bytes == deep.hbm_bytes == layer + 4 + layer + layer  # w, i, x, out
