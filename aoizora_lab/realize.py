@@ -121,8 +121,9 @@ class Plan:
         search scored (``scored``; default :attr:`program`): collectives and predicted step
         (:func:`compare_realised`).
 
-        ``num_layers`` as for :meth:`compiled_program` (the planner's depth is the cheapest:
-        a fold has the full depth's collectives and compute).
+        Pass the ``num_layers`` the scored program was compiled at (the planner's): a fold has
+        the full depth's collectives and layer-loop compute, but ops outside the loop that
+        touch the whole weight stack do not fold, so another depth may differ in time.
         """
         return compare_realised(self, self.compiled_program(num_layers), scored)
 

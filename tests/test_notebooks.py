@@ -108,10 +108,11 @@ def test_a_plans_compiled_program_is_the_one_the_compile_sweep_scored(tmp_path):
 
     check = compare_realised(plan, folded, swept.program)  # groups included, shuffled order
     assert check.equal, check.to_frame().to_string()
-    # Folding gives the full depth's collectives and compute: a layer loop reads one layer of
-    # its stacked weights per trip, whatever the stack's depth.
+    # Folding gives the full depth's collectives and the layer loop's compute (one layer of
+    # the stacked weights read per trip); ops outside the loop that touch the whole stack
+    # (here on CPU) do not fold, so the time may differ.
     deeper = compare_realised(plan, full, swept.program)
-    assert deeper.equal, deeper.to_frame().to_string()
+    assert {d.what for d in deeper.differences} <= {"time"}, deeper.to_frame().to_string()
     assert folded.num_devices == 8 and any(c.kind == "all-to-all" for c in folded.collectives)
     # The layer loop runs 4 times per step: its collectives count 4x what one layer runs.
     assert max(c.count for c in folded.collectives) >= 4

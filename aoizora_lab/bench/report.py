@@ -183,8 +183,8 @@ class ReportFile:
 
     With ``keep=True`` the sections already in the file stay, each replaced in place when a
     section of the same heading is added, so one benchmark can be regenerated on its own; a
-    section added that way carries the date it was generated (the header's date is the last
-    write's).
+    section added beside kept ones carries the date it was generated (the header's date is
+    the last write's).
     """
 
     def __init__(self, path: str | Path, *, command: str = "aoizora-lab bench",
@@ -198,12 +198,13 @@ class ReportFile:
         self.sections: list[str] = (_sections(self.path.read_text())
                                     if keep and self.path.exists() else [])
         """The sections written so far, in order."""
+        self._kept = bool(self.sections)
         self.path.parent.mkdir(parents=True, exist_ok=True)
 
     def add(self, section: str) -> None:
         """Add ``section`` (replacing one of the same heading) and write the report."""
         title = section_title(section)
-        if self.keep:
+        if self._kept:  # the header's date is not all of the report's: date the section
             date = environment()["date"]
             heading, _, body = section.strip("\n").partition("\n")
             section = f"{heading}\n\n_Regenerated on {date} by `{self.command}`._\n{body}"
