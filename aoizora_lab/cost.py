@@ -158,6 +158,18 @@ def _segments(start: int, done: int) -> list[tuple[float, float]]:
     return [(start, np.inf), (-1, done)]
 
 
+def _in_flight_together(start_a: int, windows_a: list[tuple[float, float]], start_b: int,
+                        windows_b: list[tuple[float, float]]) -> bool:
+    """Whether two collectives of one computation are in flight at once: their windows
+    overlap, or one is synchronous (no window) and issued inside the other's window."""
+    if not windows_a:
+        return any(lo < start_a < hi for lo, hi in windows_b)
+    if not windows_b:
+        return any(lo < start_b < hi for lo, hi in windows_a)
+    return any(lo_a < hi_b and lo_b < hi_a for lo_a, hi_a in windows_a
+               for lo_b, hi_b in windows_b)
+
+
 def overlap_groups(program: CommProgram, chip: ChipSpec,
                    compute_model: str | None = None) -> tuple[OverlapGroup, ...]:
     """The program's collectives grouped by what is in flight together (module docstring);
@@ -182,13 +194,8 @@ def overlap_groups(program: CommProgram, chip: ChipSpec,
     for members in by_computation.values():
         for a_index, a in enumerate(members):
             for b in members[a_index + 1:]:
-                together = any(lo1 < hi2 and lo2 < hi1 for lo1, hi1 in segments[a]
-                               for lo2, hi2 in segments[b])
-                together |= any(lo < sites[b].start < hi for lo, hi in segments[a]) \
-                    if not segments[b] else False
-                together |= any(lo < sites[a].start < hi for lo, hi in segments[b]) \
-                    if not segments[a] else False
-                if together:
+                if _in_flight_together(sites[a].start, segments[a], sites[b].start,
+                                       segments[b]):
                     parent[root(b)] = root(a)
     grouped: dict[int, list[int]] = {}
     for i in range(len(sites)):
