@@ -224,9 +224,11 @@ def parse_hlo(text: str, num_devices: int | None = None) -> CommProgram:
         num_devices = int(match.group(1)) if match else None
     notes: list[str] = []
     runs, loops = _runs(computations, entry, notes)
+    scheduled = {name: _collective_schedule(computations, name)
+                 for name in _scheduled(computations, runs)}
     collectives, sites = [], []
-    for comp_name in _scheduled(computations, runs):
-        for ins, start, done in _collective_schedule(computations, comp_name):
+    for comp_name, found in scheduled.items():
+        for ins, start, done in found:
             kind = _KINDS[ins.op]
             groups = (_pairs(ins.rest) if kind == "collective-permute"
                       else _groups(ins.rest, num_devices, ins.name))
@@ -239,7 +241,7 @@ def parse_hlo(text: str, num_devices: int | None = None) -> CommProgram:
                                         done != start, comp_name, start, done))
     devices = num_devices or 1 + max((c.max_device_id for c in collectives), default=0)
     return CommProgram(tuple(collectives), devices, tuple(dict.fromkeys(notes)), tuple(sites),
-                       _compute_ops(computations, runs, loops, entry))
+                       _compute_ops(computations, runs, loops, entry, scheduled))
 
 
 # ----------------------------------------------------------------------------- structure
@@ -601,9 +603,12 @@ def _own_flops(ins: _Instruction, types: dict[str, str]) -> float:
 
 
 def _compute_ops(computations: dict[str, list[_Instruction]], runs: dict[str, int],
-                 loops: dict[str, tuple[int, ...]], entry: str) -> tuple[ComputeOp, ...]:
-    """Every compute op with a place in a schedule (collectives and their fusions are the ICI
-    model's), with its FLOPs, bytes, class, the compiler's cycles and its anchors."""
+                 loops: dict[str, tuple[int, ...]], entry: str,
+                 scheduled: dict[str, list[tuple[_Instruction, int, int]]]
+                 ) -> tuple[ComputeOp, ...]:
+    """Every compute op of the ``scheduled`` computations (each with its collectives, as
+    :func:`_collective_schedule` found them: those and their fusions are the ICI model's),
+    with its FLOPs, bytes, class, the compiler's cycles and its anchors."""
     types = {name: {i.name: i.type for i in instructions}
              for name, instructions in computations.items()}
 
@@ -624,10 +629,9 @@ def _compute_ops(computations: dict[str, list[_Instruction]], runs: dict[str, in
                 if role != "calls" and callee not in anchors:
                     anchors[callee] = (*anchors[name], (name, position))
                     pending.append(callee)
-    collective_ops = {id(ins) for name in _scheduled(computations, runs)
-                      for ins, _, _ in _collective_schedule(computations, name)}
+    collective_ops = {id(ins) for found in scheduled.values() for ins, _, _ in found}
     ops = []
-    for name in _scheduled(computations, runs):
+    for name in scheduled:
         for position, ins in enumerate(computations[name]):
             cycles = re.search(r'"estimated_cycles":"(\d+)"', ins.rest)
             attention = ins.op == "custom-call" and bool(
