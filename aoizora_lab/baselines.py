@@ -1,35 +1,59 @@
-"""The solutions people use today, built as candidates + device orders and scored by the same
-compiler and cost model as the plan.
+"""The systems people run today, built as their own code and docs build them, and a user's own
+setup: each scored by the same compiler and cost model as the plan.
 
-- ``maxdiffusion``: data 2 as CFG x ``context`` over the rest (K/V gathered), weights sharded
-  over the context axis (FSDP), devices ordered by ``mesh_utils.create_device_mesh`` (with
-  ``allow_split_physical_axes`` where its default refuses the shape);
-- ``xdit-usp``: no CFG parallelism, the best Ulysses x ring split (by IR estimate; FSDP when the
-  weights need it), devices in plain id order.
+A :class:`Setup` is one configuration someone runs, in our terms (a :class:`Candidate`, a
+device order, compiler flags) and in the system's own words (``recipe``: its config keys or
+command-line flags). The existing systems (:data:`SYSTEMS`):
 
-Two *ablations* of the plan sit beside them (they are not systems anyone runs):
+- ``maxdiffusion-default``: what ``base_wan_14b.yml`` / ``base_wan_1_3b.yml`` ship (HEAD
+  7cfb880): mesh axes ``(data, fsdp, context, tensor) = (1, 1, -1, 1)`` (every chip on
+  ``context``), built by ``mesh_utils.create_device_mesh`` with ``allow_split_physical_axes:
+  False``; ``attention: flash`` (queries sharded over ``context``, K/V gathered); weights
+  sharded over ``context`` and ``fsdp`` (logical rule ``embed -> [context, fsdp]``; ``data``
+  never shards weights); both CFG passes batched on every device; the README's Wan
+  ``LIBTPU_INIT_ARGS``.
+- ``maxdiffusion-best``: the best of its attention kernels (``flash``, ``ulysses``,
+  ``tokamax_ring``, ``ulysses_ring`` with every ``ulysses_shards``) x its recipes (context over
+  every chip; ``ici_data_parallelism=2`` x context over the rest) on the slice, each with the
+  README's flags for that kernel.
+- ``xdit-usp``: the official Wan 2.1 code on xDiT's USP (``generate.py --ulysses_size U
+  --ring_size R [--dit_fsdp]``): no CFG parallelism, ``U x R`` = every device, heads divisible by
+  ``U``, the token axis padded to a multiple of ``U x R``, ranks in launch order with Ulysses
+  the inner (fast) index (yunchang's ``use_ulysses_low``), libtpu's default flags; the best
+  split.
 
-- ``jax-default``: the plan's candidate placed by ``jax.make_mesh``;
-- ``logical-only``: the candidate a topology-blind search would pick: the best prediction of
-  every compiled candidate with devices in plain id order.
+Where a system has several setups, its best is found the way the planner finds its own:
+ranked by the IR estimate pruning made, the best ``keep`` compiled, the fastest predicted step
+wins (:func:`score_baselines`). What the system's own code would refuse (a head count Ulysses
+cannot split, a mesh ``create_device_mesh`` refuses) is recorded with the reason; where a user
+would change one setting to get past a refusal (``allow_split_physical_axes=True``), the setup
+is built that way and its ``note`` says so.
 
-:func:`score_baselines` builds each one, compiles what the search has not compiled yet and
-prices it with :func:`aoizora_lab.cost.predict`: one :class:`BaselineOutcome` per name. A
-builder that refuses (no valid split, a library that refuses the mesh) is a ``not built``
-outcome with its reason; any other exception is a bug and propagates.
+Differences from the real systems, all in the baselines' favour or neutral: the official Wan
+code runs the two CFG passes one after the other (here: one batch of two, the same FLOPs with
+half as many collectives); MaxDiffusion shards each weight on its ``embed`` dimension (here:
+the largest divisible dimension, the same bytes); the Tokamax kernels are priced as our splash
+kernel; padded tokens are masked here (the official Wan code does not mask them).
+
+Ablations of the plan (the plan's program in another device order, the best candidate in plain
+order) are not baselines: they are the *placement gain* and *strategy gain* of a
+:class:`Headline`.
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from aoizora_lab.candidates import Candidate, default_attention, explain_candidates
-from aoizora_lab.compile import CompiledCandidate
+from aoizora_lab.compile import CompiledCandidate, CompilerFlags, compiler_flags
 from aoizora_lab.cost import breakdown, predict
-from aoizora_lab.errors import AoizoraError
+from aoizora_lab.errors import AoizoraError, is_whole
 from aoizora_lab.placement import (
     Placement,
     create_device_mesh_order,
@@ -42,38 +66,309 @@ from aoizora_lab.records import Records
 from aoizora_lab.topology import Topology
 from aoizora_lab.workload import Workload
 
-BASELINES = ("maxdiffusion", "xdit-usp", "jax-default", "logical-only")
-"""Every baseline and ablation, in report order."""
-ABLATIONS = ("jax-default", "logical-only")
-"""The names in :data:`BASELINES` that are ablations of the plan, not existing systems."""
+SYSTEMS = ("maxdiffusion-default", "maxdiffusion-best", "xdit-usp")
+"""The existing systems, in report order."""
+USER = "yours"
+"""The name of a user's own setup (``plan(..., compare=...)``)."""
+
+MAXDIFFUSION_KERNELS: dict[str, str] = {
+    "flash": "context", "ulysses": "ulysses", "tokamax_ring": "ring",
+    "ulysses_ring": "ulysses x ring"}
+"""MaxDiffusion's ``attention`` values and the role that splits the sequence (``flash``:
+queries sharded, K/V gathered; ``tokamax_ring``: its ring kernel, plain ``ring`` is not
+registered; ``ulysses_ring``: Ulysses inside, ring across, ``ulysses_shards`` Ulysses deep).
+``tokamax_flash`` shards as ``flash`` does (another kernel, the same program here)."""
+MAXDIFFUSION_KEYS = ("ici_data_parallelism", "ici_fsdp_parallelism", "ici_context_parallelism",
+                     "ici_tensor_parallelism", "attention", "ulysses_shards",
+                     "allow_split_physical_axes", "flags")
+"""The config keys :func:`maxdiffusion_setup` reads (``flags``: its ``LIBTPU_INIT_ARGS``)."""
+XDIT_KEYS = ("ulysses_size", "ring_size", "dit_fsdp", "flags")
+"""The ``generate.py`` flags :func:`xdit_setup` reads."""
 REFUSALS = (AoizoraError, ValueError, NotImplementedError, AssertionError)
-"""What a builder raises when it cannot build (our checks; ``jax.make_mesh`` and
-``create_device_mesh`` refusing a mesh): a ``not built`` outcome, not a crash."""
+"""What building a setup raises when the system (or a library it calls) refuses."""
 
 
-def maxdiffusion(workload: Workload, topology: Topology) -> tuple[Candidate, Placement]:
-    """CFG 2 x context, FSDP over context, ``create_device_mesh`` order."""
+@dataclass(frozen=True)
+class Setup:
+    """One configuration a system (or a user) runs."""
+
+    system: str
+    """``maxdiffusion``, ``xdit-usp`` or ``user``."""
+    recipe: str
+    """In the system's own words: ``ici_data_parallelism=2 ici_context_parallelism=4
+    attention=flash``, ``--ulysses_size 2 --ring_size 4 --dit_fsdp``."""
+    candidate: Candidate
+    """Its logical sharding in our terms."""
+    placement: Placement
+    """Its device order (what the system's mesh construction gives)."""
+    flags: CompilerFlags
+    """The compiler flags its recipe sets."""
+    note: str = ""
+    """What was changed to build it, or how it differs from the real system."""
+
+
+# ----------------------------------------------------------------------------- MaxDiffusion
+
+
+def maxdiffusion_setup(workload: Workload, topology: Topology, *,
+                       ici_data_parallelism: int = 1, ici_fsdp_parallelism: int = 1,
+                       ici_context_parallelism: int = -1, ici_tensor_parallelism: int = 1,
+                       attention: str = "flash", ulysses_shards: int = -1,
+                       allow_split_physical_axes: bool = False,
+                       flags: str | CompilerFlags | None = None) -> Setup:
+    """What MaxDiffusion runs for these config keys (defaults: what its Wan configs ship).
+
+    Follows ``max_utils.create_device_mesh``: one ``-1`` is filled with the devices left; the
+    ICI list ``[data, fsdp, context, tensor]`` goes to ``mesh_utils.create_device_mesh``. The
+    batch of two CFG passes is sharded over ``data x fsdp``; weights over ``context`` and
+    ``fsdp`` (and ``tensor`` for heads / MLP). ``flags`` default to the README's for the
+    kernel. Raises :class:`AoizoraError` where MaxDiffusion would refuse, quoting its rule.
+
+    Example: ``ici_data_parallelism=2`` on ``v5e:2x4`` gives the mesh (2, 1, 4, 1) and the
+    candidate ``cfg2-ctx4-fsdpseq`` (weights sharded 4 ways, over context only).
+    """
     n = topology.num_devices
-    cfg = 2 if workload.cfg and n % 2 == 0 else 1
-    candidate = Candidate.from_degrees({"cfg": cfg, "context": n // cfg}, fsdp=True,
+    ici = {"data": ici_data_parallelism, "fsdp": ici_fsdp_parallelism,
+           "context": ici_context_parallelism, "tensor": ici_tensor_parallelism}
+    bad = {f"ici_{k}_parallelism": v for k, v in ici.items()
+           if not (v == -1 or is_whole(v, 1))}
+    if bad:
+        raise AoizoraError(f"MaxDiffusion config {bad}: each ici_*_parallelism is a whole "
+                           "number >= 1, or -1 for 'the devices left' (at most one -1).")
+    unknown = [k for k, v in ici.items() if v == -1]
+    if len(unknown) > 1:
+        raise AoizoraError(f"MaxDiffusion fills at most one -1 (fill_unspecified_mesh_axes); "
+                           f"ici {ici} has {len(unknown)}: set all but one.")
+    known = math.prod(v for v in ici.values() if v != -1)
+    if unknown:
+        if n % known:
+            raise AoizoraError(f"MaxDiffusion ici {ici}: {n} devices do not divide by {known}.")
+        ici[unknown[0]] = n // known
+    if math.prod(ici.values()) != n:
+        raise AoizoraError(f"MaxDiffusion ici {ici} multiplies to {math.prod(ici.values())}, "
+                           f"not the {n} devices of {topology.name}.")
+    if attention not in MAXDIFFUSION_KERNELS:
+        raise AoizoraError(f"MaxDiffusion attention={attention!r}: one of "
+                           f"{sorted(MAXDIFFUSION_KERNELS)} (tokamax_flash shards as flash).")
+    batch = ici["data"] * ici["fsdp"]
+    if batch > workload.batch:
+        raise AoizoraError(f"MaxDiffusion data x fsdp = {batch} shards a batch of "
+                           f"{workload.batch} (the CFG passes); use at most {workload.batch}.")
+    heads = workload.config().num_heads
+    context = ici["context"]
+    if attention == "ulysses_ring":
+        if not is_whole(ulysses_shards, 1) or context % ulysses_shards:
+            raise AoizoraError(
+                f"MaxDiffusion ulysses_ring: ulysses_shards={ulysses_shards!r} must be a "
+                f"positive divisor of the context axis {context}.")
+        uly, ring = ulysses_shards, context // ulysses_shards
+    else:
+        uly = context if attention == "ulysses" else 1
+        ring = context if attention == "tokamax_ring" else 1
+    if heads % (uly * ici["tensor"]):
+        raise AoizoraError(
+            f"MaxDiffusion {attention}: {heads} heads do not divide by the Ulysses shards "
+            f"{uly} x tensor {ici['tensor']} (it fails fast instead of padding heads).")
+    degrees = {"cfg": batch, "ulysses": uly, "ring": ring, "tp": ici["tensor"],
+               "context": context if attention == "flash" else 1}
+    candidate = Candidate.from_degrees(degrees, fsdp=context * ici["fsdp"] > 1,
+                                       attention=default_attention(topology),
+                                       fsdp_over_cfg=ici["fsdp"] > 1)
+    shape = (ici["data"], ici["fsdp"], context, ici["tensor"])
+    note = ""
+    try:
+        mesh = create_device_mesh_order(shape, topology, allow_split=allow_split_physical_axes)
+    except REFUSALS as err:
+        if allow_split_physical_axes:
+            raise
+        note = (f"create_device_mesh{shape} refuses with allow_split_physical_axes=False "
+                f"({str(err)[:90]}...); built with allow_split_physical_axes=True, as a "
+                "MaxDiffusion user would set")
+        mesh = create_device_mesh_order(shape, topology, allow_split=True)
+    # Mesh (data, fsdp, context, tensor) -> our axes (cfg, ulysses, ring, context, tp); the
+    # context axis of ulysses_ring is (ring, ulysses) with Ulysses innermost (row-major).
+    grid = np.asarray(mesh.order).reshape(batch, ring, uly, context // (ring * uly),
+                                          ici["tensor"])
+    order = grid.transpose(0, 2, 1, 3, 4).ravel()
+    recipe = " ".join([*(f"ici_{k}_parallelism={v}" for k, v in ici.items()
+                         if v != 1 or k == "context"), f"attention={attention}",
+                       *([f"ulysses_shards={uly}"] if attention == "ulysses_ring" else []),
+                       *(["allow_split_physical_axes=True"] if allow_split_physical_axes
+                         else [])])
+    chosen = compiler_flags(flags if flags is not None else
+                            "maxdiffusion-ulysses" if uly > 1 else "maxdiffusion-wan")
+    return Setup("maxdiffusion", recipe, candidate, Placement(order, mesh.description),
+                 chosen, note)
+
+
+def maxdiffusion_recipes(workload: Workload, topology: Topology
+                         ) -> list[dict[str, Any]]:
+    """The config keys of every MaxDiffusion recipe x kernel on ``topology``: context over
+    every chip (the shipped default) and, with guidance, ``ici_data_parallelism=2`` (its
+    published Wan recipes); ``flash``, ``ulysses``, ``tokamax_ring`` and ``ulysses_ring`` with
+    each ``ulysses_shards`` between 2 and context / 2."""
+    n = topology.num_devices
+    recipes = []
+    for data in (1, 2) if workload.batch >= 2 and n % 2 == 0 else (1,):
+        context = n // data
+        for attention in ("flash", "ulysses", "tokamax_ring"):
+            recipes.append({"ici_data_parallelism": data, "attention": attention})
+        for shards in range(2, context // 2 + 1):
+            if context % shards == 0:
+                recipes.append({"ici_data_parallelism": data, "attention": "ulysses_ring",
+                                "ulysses_shards": shards})
+    return recipes
+
+
+# ----------------------------------------------------------------------------- xDiT / Wan
+
+
+def xdit_setup(workload: Workload, topology: Topology, *, ulysses_size: int = 1,
+               ring_size: int = 1, dit_fsdp: bool = False,
+               flags: str | CompilerFlags | None = None) -> Setup:
+    """What the official Wan 2.1 ``generate.py --ulysses_size U --ring_size R [--dit_fsdp]``
+    runs (on xDiT's USP): raises :class:`AoizoraError` where its asserts would fail.
+
+    Ranks are the devices in plain order; yunchang (``use_ulysses_low``) makes Ulysses groups
+    of consecutive ranks (``{0, 1}, {2, 3}, ...`` for U = 2) and ring groups strided by U. The
+    token axis is padded to a multiple of U x R (``text2video.py``: ``seq_len = ceil(seq_len /
+    sp_size) * sp_size``).
+    """
+    n = topology.num_devices
+    for name, value in (("ulysses_size", ulysses_size), ("ring_size", ring_size)):
+        if not is_whole(value, 1):
+            raise AoizoraError(f"Wan generate.py --{name}={value!r}: a whole number >= 1.")
+    if ulysses_size * ring_size != n:
+        raise AoizoraError(
+            f"Wan generate.py asserts ulysses_size x ring_size == world size: {ulysses_size} x "
+            f"{ring_size} != {n} devices of {topology.name}.")
+    heads = workload.config().num_heads
+    if heads % ulysses_size:
+        raise AoizoraError(f"Wan generate.py asserts num_heads % ulysses_size == 0: {heads} "
+                           f"heads, --ulysses_size {ulysses_size}.")
+    candidate = Candidate.from_degrees({"ulysses": ulysses_size, "ring": ring_size},
+                                       fsdp=bool(dit_fsdp) and n > 1,
                                        attention=default_attention(topology))
-    return candidate, create_device_mesh_order(candidate.mesh_shape, topology)
+    # rank = r * U + u; our axes are (ulysses, ring).
+    order = np.arange(n).reshape(ring_size, ulysses_size).T.ravel()
+    recipe = (f"--ulysses_size {ulysses_size} --ring_size {ring_size}"
+              + (" --dit_fsdp" if dit_fsdp else ""))
+    pad = -workload.tokens % n
+    note = (f"{workload.tokens:,} tokens padded by {pad} to {workload.tokens + pad:,}"
+            if pad else "")
+    return Setup("xdit-usp", recipe, candidate,
+                 Placement(tuple(int(i) for i in order), "launch (rank) order, Ulysses inner"),
+                 compiler_flags(flags), note)
 
 
-def xdit_usp(workload: Workload, topology: Topology, pruning: Pruning
-             ) -> tuple[Candidate, Placement]:
-    """Best Ulysses x ring (no CFG parallelism) by IR estimate, plain device order.
+def xdit_recipes(workload: Workload, topology: Topology) -> list[dict[str, Any]]:
+    """Every ``--ulysses_size`` x ``--ring_size`` split of the devices, with and without
+    ``--dit_fsdp`` (the official 14B commands set it)."""
+    n = topology.num_devices
+    return [{"ulysses_size": u, "ring_size": n // u, "dit_fsdp": fsdp}
+            for u in range(1, n + 1) if n % u == 0 for fsdp in (False, True)]
 
-    The estimates are pruning's (every valid candidate was traced there); a split whose trace
-    failed is skipped, ties go to the first in enumeration order."""
-    usp = [d for c in explain_candidates(workload, topology).valid
-           if all(c.degree(role) == 1 for role in ("cfg", "context", "tp"))
-           and (d := pruning.decision(c.name)).estimate is not None]
-    if not usp:
-        raise AoizoraError(f"No valid Ulysses x ring split of {workload.name} on {topology.name} "
-                           "whose IR trace succeeded.")
-    best = min(usp, key=lambda d: d.estimate.estimate_seconds)
-    return best.candidate, plain_order(topology)
+
+# ----------------------------------------------------------------------------- a user's setup
+
+
+def user_setup(spec: Any, workload: Workload, topology: Topology) -> Setup:
+    """A user's own configuration as a :class:`Setup`. ``spec`` is one of:
+
+    - MaxDiffusion config keys, as a mapping or ``"ici_data_parallelism=2
+      ici_context_parallelism=4 attention=ulysses"`` (:data:`MAXDIFFUSION_KEYS`);
+    - Wan / xDiT flags, ``"--ulysses_size 2 --ring_size 4 --dit_fsdp"`` or a mapping of
+      :data:`XDIT_KEYS`;
+    - a mesh with roles and a device order: ``{"candidate": "cfg2-uly4-fsdp", "order": [0, 1,
+      ...]}`` (order: physical device of each logical device; default plain order;
+      ``flags`` optional);
+    - a :class:`Setup`.
+    """
+    if isinstance(spec, Setup):
+        return spec
+    keys = _spec_keys(spec)
+    if "candidate" in keys:
+        extra = set(keys) - {"candidate", "order", "flags"}
+        if extra:
+            raise AoizoraError(f"Setup {spec!r}: unknown key(s) {sorted(extra)}; a mesh setup "
+                               "has 'candidate', 'order' and 'flags'.")
+        candidate = Candidate.from_name(str(keys["candidate"]),
+                                        attention=default_attention(topology))
+        order = keys.get("order")
+        placement = (plain_order(topology) if order is None else
+                     Placement(tuple(_ints(order)), "your device order"))
+        if len(placement) != topology.num_devices:
+            raise AoizoraError(f"Setup order has {len(placement)} devices; {topology.name} has "
+                               f"{topology.num_devices}.")
+        return Setup("user", f"{candidate.name} in {placement.description}", candidate,
+                     placement, compiler_flags(keys.get("flags")))
+    if set(keys) <= set(XDIT_KEYS) and {"ulysses_size", "ring_size"} & set(keys):
+        return _as_user(xdit_setup(workload, topology, **keys))
+    if set(keys) <= set(MAXDIFFUSION_KEYS):
+        return _as_user(maxdiffusion_setup(workload, topology, **keys))
+    raise AoizoraError(
+        f"Setup {spec!r}: keys {sorted(keys)} are neither MaxDiffusion config keys "
+        f"{list(MAXDIFFUSION_KEYS)} nor Wan generate.py flags {list(XDIT_KEYS)} nor a mesh "
+        "{'candidate': 'cfg2-uly4-fsdp', 'order': [...]}; e.g. "
+        "'ici_data_parallelism=2 ici_context_parallelism=4 attention=flash' or "
+        "'--ulysses_size 2 --ring_size 4'.")
+
+
+def _as_user(setup: Setup) -> Setup:
+    return Setup("user", f"{setup.system}: {setup.recipe}", setup.candidate, setup.placement,
+                 setup.flags, setup.note)
+
+
+def _ints(values: Any) -> list[int]:
+    if isinstance(values, str):
+        values = values.replace(",", " ").split()
+    try:
+        return [int(v) for v in values]
+    except (TypeError, ValueError):
+        raise AoizoraError(f"Setup order {values!r} must list device indices, e.g. "
+                           "[0, 1, 4, 5, 2, 3, 6, 7].") from None
+
+
+def _spec_keys(spec: Any) -> dict[str, Any]:
+    """A mapping, or a string of ``key=value`` words / ``--flag value`` words, as keys."""
+    if isinstance(spec, Mapping):
+        return {str(k).lstrip("-"): v for k, v in spec.items()}
+    if not isinstance(spec, str) or not spec.strip():
+        raise AoizoraError(f"Setup {spec!r}: give config keys, Wan flags or a mesh (see "
+                           "baselines.user_setup).")
+    words, keys = spec.split(), {}
+    i = 0
+    while i < len(words):
+        word = words[i]
+        if "=" in word and not word.startswith("--"):
+            key, value = word.split("=", 1)
+            keys[key] = _value(value)
+        elif word.startswith("--") and "=" in word:
+            key, value = word[2:].split("=", 1)
+            keys[key] = _value(value)
+        elif word.startswith("--") and i + 1 < len(words) and not words[i + 1].startswith("--"):
+            keys[word[2:]] = _value(words[i + 1])
+            i += 1
+        elif word.startswith("--"):
+            keys[word[2:]] = True
+        else:
+            raise AoizoraError(f"Setup {spec!r}: cannot read {word!r}; write key=value or "
+                               "--flag value.")
+        i += 1
+    return keys
+
+
+def _value(text: str) -> Any:
+    lowered = text.strip().strip("'\"")
+    if lowered.lower() in ("true", "false"):
+        return lowered.lower() == "true"
+    try:
+        return int(lowered)
+    except ValueError:
+        return lowered
+
+
+# ----------------------------------------------------------------------------- outcomes
 
 
 class Status(enum.Enum):
@@ -82,42 +377,65 @@ class Status(enum.Enum):
     OK = "ok"
     """Built, compiled and priced: it has a plan."""
     NOT_BUILT = "not built"
-    """Its builder refused (reason says why)."""
+    """The system refuses every setup of it (reason says why)."""
     NOT_COMPILED = "not compiled"
-    """Built, but its compile did not produce a program (reason has the compile status)."""
+    """Built, but no setup's compile produced a program (reason has the compile status)."""
+
+
+@dataclass(frozen=True)
+class Trial:
+    """One setup a system was tried with, and how it fared."""
+
+    system: str
+    """The outcome it belongs to (one of :data:`SYSTEMS` or :data:`USER`)."""
+    recipe: str
+    """The setup in the system's words."""
+    setup: Setup | None
+    """The setup (``None``: refused)."""
+    estimate_s: float = math.nan
+    """Pruning's IR estimate of its candidate (NaN: none)."""
+    total_s: float = math.nan
+    """Its predicted step where compiled (NaN: not compiled)."""
+    reason: str = ""
+    """Why it was refused, not compiled or not ranked high enough to compile."""
 
 
 @dataclass(frozen=True)
 class BaselineOutcome:
-    """One baseline: what it built and, where it compiled, its priced plan."""
+    """One existing system (or the user's setup): its best setup and priced plan."""
 
     name: str
-    """One of :data:`BASELINES`."""
+    """One of :data:`SYSTEMS` or :data:`USER`."""
     status: Status
     """How far it got."""
-    candidate: Candidate | None = None
-    """Its candidate (``None`` when not built)."""
-    placement: Placement | None = None
-    """Its device order (``None`` when not built)."""
+    setup: Setup | None = None
+    """The chosen setup (``None`` when not built)."""
     plan: Plan | None = None
     """The priced plan (``ok`` only)."""
     reason: str = ""
     """Why it is not ``ok``."""
+    trials: tuple[Trial, ...] = ()
+    """Every setup tried for it."""
 
     @property
-    def ablation(self) -> bool:
-        """An ablation of the plan rather than an existing system."""
-        return self.name in ABLATIONS
+    def candidate(self) -> Candidate | None:
+        """The chosen setup's candidate."""
+        return self.setup.candidate if self.setup else None
+
+    @property
+    def placement(self) -> Placement | None:
+        """The chosen setup's device order."""
+        return self.setup.placement if self.setup else None
 
 
 class Baselines(Records[BaselineOutcome]):
-    """Every baseline's outcome, in :data:`BASELINES` order. ``plan_s`` (the plan's
-    predicted step) gives :meth:`to_frame` its ``speedup_of_plan`` column."""
+    """Every existing system's outcome (and the user's setup), in :data:`SYSTEMS` order.
+    ``plan_s`` (the plan's predicted step) gives :meth:`to_frame` ``speedup_of_plan``."""
 
-    COLUMNS = ("baseline", "ablation", "candidate", "placement", "status", "compute_s",
-               "comm_s", "total_s", "speedup_of_plan", "reason")
+    COLUMNS = ("baseline", "recipe", "candidate", "placement", "flags", "status", "compute_s",
+               "comm_s", "total_s", "speedup_of_plan", "note", "reason")
 
-    def __init__(self, items: Sequence[BaselineOutcome] = (), *,
+    def __init__(self, items: Iterable[BaselineOutcome] = (), *,
                  plan_s: float | None = None) -> None:
         super().__init__(items)
         self.plan_s = plan_s
@@ -135,72 +453,246 @@ class Baselines(Records[BaselineOutcome]):
 
     @property
     def plans(self) -> dict[str, Plan]:
-        """The priced baselines as plans, by name."""
+        """The priced outcomes as plans, by name."""
         return {o.name: o.plan for o in self if o.plan is not None}
+
+    def trials(self) -> Any:
+        """Every setup tried, one row each: ``baseline``, ``recipe``, ``candidate``,
+        ``flags``, ``estimate_s``, ``total_s``, ``chosen``, ``reason``."""
+        import pandas as pd
+
+        rows = [{"baseline": o.name, "recipe": t.recipe,
+                 "candidate": t.setup.candidate.name if t.setup else "-",
+                 "flags": t.setup.flags.label if t.setup else "-",
+                 "estimate_s": t.estimate_s, "total_s": t.total_s,
+                 "chosen": o.setup is not None and t.setup == o.setup, "reason": t.reason}
+                for o in self for t in o.trials]
+        return pd.DataFrame(rows, columns=["baseline", "recipe", "candidate", "flags",
+                                           "estimate_s", "total_s", "chosen", "reason"])
 
     def row(self, item: BaselineOutcome) -> dict[str, Any]:
         predicted = item.plan.predicted if item.plan else None
-        return {"baseline": item.name, "ablation": item.ablation,
-                "candidate": item.candidate.name if item.candidate else "-",
-                "placement": item.placement.description if item.placement else "-",
+        setup = item.setup
+        return {"baseline": item.name, "recipe": setup.recipe if setup else "-",
+                "candidate": setup.candidate.name if setup else "-",
+                "placement": setup.placement.description if setup else "-",
+                "flags": setup.flags.label if setup else "-",
                 "status": item.status.value,
-                "compute_s": predicted.compute_s if predicted else float("nan"),
-                "comm_s": predicted.comm_s if predicted else float("nan"),
-                "total_s": predicted.total_s if predicted else float("nan"),
+                "compute_s": predicted.compute_s if predicted else math.nan,
+                "comm_s": predicted.comm_s if predicted else math.nan,
+                "total_s": predicted.total_s if predicted else math.nan,
                 "speedup_of_plan": (predicted.total_s / self.plan_s
-                                    if predicted and self.plan_s else float("nan")),
-                "reason": item.reason}
+                                    if predicted and self.plan_s else math.nan),
+                "note": setup.note if setup else "", "reason": item.reason}
 
 
-Compile = Callable[[list[Candidate]], Sequence[CompiledCandidate]]
-"""Compiles candidates the way the planner does (same slice, depth, cache, executor)."""
+Compile = Callable[[list[Candidate], CompilerFlags], Sequence[CompiledCandidate]]
+"""Compiles candidates with flags the way the planner does (same slice, depth, cache)."""
 
 
-def score_baselines(workload: Workload, topology: Topology, planned: Candidate,
-                    pruning: Pruning, compiled: Mapping[str, CompiledCandidate],
-                    compile: Compile) -> tuple[Baselines, list[CompiledCandidate]]:
-    """Build every baseline, compile what ``compiled`` (by candidate name) lacks, price each.
+def system_setups(name: str, workload: Workload, topology: Topology
+                  ) -> list[Setup | tuple[str, str]]:
+    """Every setup of system ``name`` (one of :data:`SYSTEMS`): a :class:`Setup`, or
+    ``(recipe, reason)`` where the system refuses it."""
+    if name == "maxdiffusion-default":
+        return _built([{}], lambda keys: maxdiffusion_setup(workload, topology, **keys))
+    if name == "maxdiffusion-best":
+        return _built(maxdiffusion_recipes(workload, topology),
+                      lambda keys: maxdiffusion_setup(workload, topology, **keys))
+    if name == "xdit-usp":
+        return _built(xdit_recipes(workload, topology),
+                      lambda keys: xdit_setup(workload, topology, **keys))
+    raise AoizoraError(f"No system {name!r}; systems are {list(SYSTEMS)}.")
 
-    ``planned`` is the candidate of the search's best plan (the ``jax-default`` ablation
-    places it); ``pruning`` holds the IR estimates ``xdit-usp`` picks its split by. Returns
-    the outcomes and the compiles this added. A new baseline needs a builder here and its
-    name in :data:`BASELINES`.
+
+def _built(recipes: list[dict[str, Any]], build: Callable[..., Setup]
+           ) -> list[Setup | tuple[str, str]]:
+    out: list[Setup | tuple[str, str]] = []
+    for keys in recipes:
+        try:
+            out.append(build(keys))
+        except REFUSALS as err:
+            out.append((" ".join(f"{k}={v}" for k, v in keys.items()) or "defaults", str(err)))
+    return out
+
+
+def score_baselines(workload: Workload, topology: Topology, pruning: Pruning,
+                    compiled: Mapping[tuple[str, str], CompiledCandidate], compile: Compile,
+                    *, keep: int = 3, compare: Any = None
+                    ) -> tuple[Baselines, list[CompiledCandidate]]:
+    """Build every system's setups (and ``compare``, a user's, see :func:`user_setup`),
+    compile what ``compiled`` (by :attr:`CompiledCandidate.key`) lacks, price each.
+
+    A system with several setups keeps those whose candidate the planner's space holds with
+    an IR estimate, compiles the ``keep`` best estimates and takes the fastest predicted step;
+    a setup outside the space (over HBM, a trace that failed) is a trial with that reason.
+    Returns the outcomes and the compiles this added.
     """
     compiled = dict(compiled)
-    ok = [r for r in compiled.values() if r.status == "ok"]
-    builders: dict[str, Callable[[], tuple[Candidate, Placement]]] = {
-        "maxdiffusion": lambda: maxdiffusion(workload, topology),
-        "xdit-usp": lambda: xdit_usp(workload, topology, pruning),
-        "jax-default": lambda: (planned, make_mesh_order(planned.mesh_shape,
-                                                         planned.axis_names, topology)),
-        "logical-only": lambda: (min(ok, key=lambda r: predict(
-            r.program, topology, plain_order(topology)).total_s).candidate,
-                                 plain_order(topology)),
-    }
-    built: list[tuple[str, Candidate, Placement] | BaselineOutcome] = []
-    for name in BASELINES:
-        try:
-            built.append((name, *builders[name]()))
-        except REFUSALS as err:
-            built.append(BaselineOutcome(name, Status.NOT_BUILT, reason=str(err)))
-    missing = list({entry[1].name: entry[1] for entry in built
-                    if isinstance(entry, tuple) and entry[1].name not in compiled}.values())
-    added = list(compile(missing)) if missing else []
-    compiled |= {r.candidate.name: r for r in added}
+    added: list[CompiledCandidate] = []
+    valid = {c.name for c in explain_candidates(workload, topology).valid}
+
+    def ensure(setups: list[Setup]) -> None:
+        missing: dict[str, dict[str, Candidate]] = {}
+        flags_of: dict[str, CompilerFlags] = {}
+        for s in setups:
+            if (s.candidate.name, s.flags.label) not in compiled:
+                missing.setdefault(s.flags.label, {})[s.candidate.name] = s.candidate
+                flags_of[s.flags.label] = s.flags
+        for label, candidates in missing.items():
+            for result in compile(list(candidates.values()), flags_of[label]):
+                compiled[result.key] = result
+                added.append(result)
+
+    plans: dict[str, tuple[list[Trial], list[Setup]]] = {}
+    groups = [(name, system_setups(name, workload, topology)) for name in SYSTEMS]
+    if compare is not None:
+        groups.append((USER, [user_setup(compare, workload, topology)]))
+    for name, setups in groups:
+        trials, chosen = [], []
+        ranked = []
+        for s in setups:
+            if not isinstance(s, Setup):
+                trials.append(Trial(name, s[0], None, reason=s[1]))
+                continue
+            estimate = _estimate(pruning, s.candidate)
+            if name != USER and (s.candidate.name not in valid or math.isnan(estimate)):
+                trials.append(Trial(name, s.recipe, s, estimate, reason=(
+                    "not a valid candidate here (over HBM or unsplittable)"
+                    if s.candidate.name not in valid else "its IR trace failed")))
+                continue
+            ranked.append((estimate, s))
+        ranked.sort(key=lambda pair: pair[0])
+        for estimate, s in ranked[keep:]:
+            trials.append(Trial(name, s.recipe, s, estimate,
+                                reason=f"not among the {keep} best IR estimates"))
+        chosen = [s for _, s in ranked[:keep]]
+        plans[name] = (trials, chosen)
+    ensure([s for _, chosen in plans.values() for s in chosen])
+
     outcomes = []
-    for entry in built:
-        if isinstance(entry, BaselineOutcome):
-            outcomes.append(entry)
-            continue
-        name, candidate, placement = entry
-        result = compiled[candidate.name]
-        if result.status != "ok":
+    for name, (trials, chosen) in plans.items():
+        priced = []
+        for s in chosen:
+            result = compiled[(s.candidate.name, s.flags.label)]
+            estimate = _estimate(pruning, s.candidate)
+            if result.status != "ok":
+                trials.append(Trial(name, s.recipe, s, estimate,
+                                    reason=f"{result.status}: {result.message[:160]}"))
+                continue
+            plan = Plan(workload, topology, s.candidate, s.placement,
+                        predict(result.program, topology, s.placement), result.program,
+                        breakdown(result.program, topology, s.placement), flags=s.flags)
+            trials.append(Trial(name, s.recipe, s, estimate, plan.predicted.total_s))
+            priced.append((s, plan))
+        if priced:
+            setup, plan = min(priced, key=lambda pair: pair[1].predicted.total_s)
+            outcomes.append(BaselineOutcome(name, Status.OK, setup, plan, trials=tuple(trials)))
+        elif chosen:
             outcomes.append(BaselineOutcome(
-                name, Status.NOT_COMPILED, candidate, placement,
-                reason=f"{result.status}: {result.message[:200]}"))
-            continue
-        plan = Plan(workload, topology, candidate, placement,
-                    predict(result.program, topology, placement), result.program,
-                    breakdown(result.program, topology, placement))
-        outcomes.append(BaselineOutcome(name, Status.OK, candidate, placement, plan))
+                name, Status.NOT_COMPILED, chosen[0], reason="; ".join(
+                    t.reason for t in trials if t.setup is not None)[:400],
+                trials=tuple(trials)))
+        else:
+            outcomes.append(BaselineOutcome(
+                name, Status.NOT_BUILT, reason="; ".join(
+                    f"{t.recipe}: {t.reason}" for t in trials)[:600], trials=tuple(trials)))
     return Baselines(outcomes), added
+
+
+def _estimate(pruning: Pruning, candidate: Candidate) -> float:
+    try:
+        decision = pruning.decision(candidate.name)
+    except (KeyError, AoizoraError):
+        return math.nan
+    return decision.estimate.estimate_seconds if decision.estimate is not None else math.nan
+
+
+# ----------------------------------------------------------------------------- the headline
+
+
+@dataclass(frozen=True)
+class Headline:
+    """What the plan gains, split by where it comes from (all predicted steps, seconds)."""
+
+    plan_s: float
+    """The plan's step."""
+    systems: dict[str, float] = field(default_factory=dict)
+    """Each existing system's best step (NaN: not built or not compiled)."""
+    best_system: str = ""
+    """The fastest existing system ("" when none was priced)."""
+    plain_s: float = math.nan
+    """The plan's compiled program in plain device order."""
+    make_mesh_s: float = math.nan
+    """... where ``jax.make_mesh`` puts it (NaN: it refuses the mesh)."""
+    create_device_mesh_s: float = math.nan
+    """... where ``mesh_utils.create_device_mesh`` puts it (NaN: it refuses)."""
+    strategy_candidate: str = ""
+    """The best compiled candidate (with its flags) in plain device order."""
+    strategy_s: float = math.nan
+    """Its step in plain order: the sharding choice alone, without placement."""
+
+    @property
+    def best_system_s(self) -> float:
+        """The fastest existing system's step."""
+        return self.systems.get(self.best_system, math.nan)
+
+    @property
+    def vs_existing(self) -> float:
+        """Best existing system / plan: the headline."""
+        return self.best_system_s / self.plan_s
+
+    @property
+    def placement_gain(self) -> dict[str, float]:
+        """The plan's program in plain / make_mesh / create_device_mesh order over its best
+        placement."""
+        return {"plain": self.plain_s / self.plan_s, "make_mesh": self.make_mesh_s / self.plan_s,
+                "create_device_mesh": self.create_device_mesh_s / self.plan_s}
+
+    @property
+    def strategy_gain(self) -> float:
+        """Best existing system / best candidate in plain order."""
+        return self.best_system_s / self.strategy_s
+
+    def to_frame(self) -> Any:
+        """One row per comparison: ``measures``, ``against``, ``seconds``, ``ratio``."""
+        import pandas as pd
+
+        rows = [("vs existing systems", name, s, s / self.plan_s)
+                for name, s in self.systems.items()]
+        rows.append(("vs existing systems", f"best: {self.best_system or 'none'}",
+                     self.best_system_s, self.vs_existing))
+        rows += [("placement gain", f"plan's program in {how} order", self.plan_s * gain, gain)
+                 for how, gain in self.placement_gain.items()]
+        rows.append(("strategy gain", f"best existing / {self.strategy_candidate} in plain "
+                     "order", self.strategy_s, self.strategy_gain))
+        return pd.DataFrame(rows, columns=["measures", "against", "seconds", "ratio"])
+
+
+def headline(best: Plan, baselines: Baselines,
+             compiled: Iterable[CompiledCandidate]) -> Headline:
+    """The :class:`Headline` of a plan: against the existing systems, its placement gain
+    (its program in library orders) and the strategy gain (``compiled``'s best program in
+    plain order against the best existing system)."""
+    topology = best.topology
+    systems = {o.name: o.plan.predicted.total_s if o.plan else math.nan
+               for o in baselines if o.name in SYSTEMS}
+    priced = {k: v for k, v in systems.items() if not math.isnan(v)}
+    orders: dict[str, float] = {}
+    shape, names = best.candidate.mesh_shape, best.candidate.axis_names
+    for key, build in (("make_mesh", lambda: make_mesh_order(shape, names, topology)),
+                       ("create_device_mesh", lambda: create_device_mesh_order(
+                           shape, topology, allow_split=False))):
+        try:
+            orders[key] = predict(best.program, topology, build()).total_s
+        except REFUSALS:
+            orders[key] = math.nan
+    plain = plain_order(topology)
+    in_plain = [(predict(r.program, topology, plain).total_s, r) for r in compiled
+                if r.status == "ok"]
+    strategy_s, top = min(in_plain, key=lambda pair: pair[0]) if in_plain else (math.nan, None)
+    return Headline(
+        best.predicted.total_s, systems, min(priced, key=priced.get) if priced else "",
+        predict(best.program, topology, plain).total_s, orders["make_mesh"],
+        orders["create_device_mesh"],
+        f"{top.candidate.name} ({top.flags.label} flags)" if top else "", strategy_s)

@@ -5,12 +5,15 @@ A :class:`Candidate` gives each parallel role a degree (``cfg``, ``ulysses``, ``
 ``fsdp``: whether the weights are stored sharded over every non-tp axis and gathered layer by
 layer. FSDP is a flag, not an axis of its own: in inference (batch <= 2) an axis that only
 shards weights would repeat the same computation on each of its devices, so FSDP rides on the
-axes that already split the work (MaxDiffusion shards weights over its ``context`` axis the
-same way).
+axes that already split the work. ``fsdp_over_cfg=False`` keeps the cfg axis out of it (weights
+sharded over the sequence axes only, as MaxDiffusion's logical-axis rules shard ``embed`` over
+``context`` and ``fsdp`` but never over ``data``): twice the weight bytes per device, gathers
+within each CFG half.
 
 Names are short and stable, roles in the order above: ``cfg2-uly4-ring2``, ``cfg2-ctx4-fsdp``,
-``tp8``; ``single`` on one device. Which logical axis sits where on the chips is a *placement*
-question (:mod:`aoizora_lab.placement`), so candidates are never multiplied by axis orders.
+``cfg2-ctx4-fsdpseq`` (FSDP not over cfg), ``tp8``; ``single`` on one device. Which logical
+axis sits where on the chips is a *placement* question (:mod:`aoizora_lab.placement`), so
+candidates are never multiplied by axis orders.
 
 :func:`explain_candidates` lists *every* combination of role degrees considered, with
 the reasons each invalid one is excluded (a :class:`CandidateSpace`); :func:`enumerate_candidates`
@@ -70,6 +73,9 @@ class Candidate:
     """Weights stored sharded over every non-tp axis, gathered layer by layer."""
     attention: str = "splash"
     """Attention backend inside each device (``splash`` on TPU, ``blockwise`` on CPU)."""
+    fsdp_over_cfg: bool = True
+    """With ``fsdp``, the cfg axis shards the weights too; ``False``: only the other non-tp
+    axes do (MaxDiffusion's rules). Always ``True`` without a cfg axis or without fsdp."""
 
     def __post_init__(self) -> None:
         check_backend(self.attention)
@@ -79,12 +85,16 @@ class Candidate:
                 f"Candidate axes {self.axes} must have distinct roles in the order {list(ROLES)} "
                 "and sizes of at least 2 (drop size-1 axes)."
             )
-        if self.fsdp and not any(a.role != "tp" for a in self.axes):
-            raise AoizoraError("fsdp needs a mesh axis besides tp to shard the weights over.")
+        if not self.fsdp_over_cfg and not (self.fsdp and self.degree("cfg") > 1):
+            object.__setattr__(self, "fsdp_over_cfg", True)  # one name per distinct program
+        if self.fsdp and not self.fsdp_axes:
+            raise AoizoraError(
+                "fsdp needs a mesh axis besides tp (and cfg, with fsdp_over_cfg=False) to shard "
+                "the weights over.")
 
     @classmethod
     def from_degrees(cls, degrees: dict[str, int], *, fsdp: bool = False,
-                     attention: str = "splash") -> Candidate:
+                     attention: str = "splash", fsdp_over_cfg: bool = True) -> Candidate:
         """``Candidate.from_degrees({"cfg": 2, "ulysses": 4})``; degree-1 roles are dropped."""
         if not isinstance(degrees, Mapping):
             raise AoizoraError(
@@ -102,14 +112,15 @@ class Candidate:
             )
         axes = tuple(MeshAxis(role, int(degrees[role]), role) for role in ROLES
                      if int(degrees.get(role, 1)) > 1)
-        return cls(axes, fsdp=fsdp, attention=attention)
+        return cls(axes, fsdp=fsdp, attention=attention, fsdp_over_cfg=fsdp_over_cfg)
 
     @classmethod
     def from_name(cls, name: str, *, attention: str = "splash") -> Candidate:
         """Parse a candidate name such as ``cfg2-uly4-ring2-fsdp`` (or ``single``)."""
         check_backend(attention)
         parts = str(name).strip().lower().split("-")
-        fsdp = parts[-1] == "fsdp"
+        fsdp = parts[-1] in ("fsdp", "fsdpseq")
+        over_cfg = parts[-1] != "fsdpseq"
         parts = parts[:-1] if fsdp else parts
         degrees: dict[str, int] = {}
         for part in parts if parts != ["single"] else []:
@@ -121,15 +132,29 @@ class Candidate:
                 )
             degrees[_ROLE_OF[match.group(1)]] = int(match.group(2))
         try:
-            return cls.from_degrees(degrees, fsdp=fsdp, attention=attention)
+            candidate = cls.from_degrees(degrees, fsdp=fsdp, attention=attention,
+                                         fsdp_over_cfg=over_cfg)
         except AoizoraError as err:
             raise AoizoraError(f"Candidate name {name!r}: {err}") from None
+        if candidate.name != str(name).strip().lower():
+            raise AoizoraError(
+                f"Candidate name {name!r}: '-fsdpseq' (weights not sharded over cfg) needs a cfg "
+                f"axis; without one, write {candidate.name!r}.")
+        return candidate
 
     @property
     def name(self) -> str:
-        """Short stable name, e.g. ``cfg2-uly4-ring2`` or ``cfg2-ctx4-fsdp``."""
+        """Short stable name: ``cfg2-uly4-ring2``, ``cfg2-ctx4-fsdp``, ``cfg2-ctx4-fsdpseq``."""
         core = "-".join(f"{ABBREVIATIONS[a.role]}{a.size}" for a in self.axes) or "single"
-        return core + ("-fsdp" if self.fsdp else "")
+        return core + ("" if not self.fsdp else "-fsdp" if self.fsdp_over_cfg else "-fsdpseq")
+
+    @property
+    def fsdp_axes(self) -> tuple[str, ...]:
+        """The mesh axes the weights are sharded over (empty without fsdp)."""
+        if not self.fsdp:
+            return ()
+        skip = ("tp",) if self.fsdp_over_cfg else ("tp", "cfg")
+        return tuple(a.name for a in self.axes if a.role not in skip)
 
     @property
     def mesh_shape(self) -> tuple[int, ...]:
@@ -164,8 +189,7 @@ class Candidate:
                     f"Candidate {self.name!r} needs {self.num_devices} devices, got {array.size}."
                 )
             mesh = Mesh(array.reshape(self.mesh_shape), self.axis_names)
-        fsdp_axes = tuple(a.name for a in self.axes if a.role != "tp") if self.fsdp else ()
-        return ParallelPlan(mesh, {a.name: a.role for a in self.axes}, fsdp_axes=fsdp_axes,
+        return ParallelPlan(mesh, {a.name: a.role for a in self.axes}, fsdp_axes=self.fsdp_axes,
                             attention=self.attention)
 
     def partition_specs(self, cfg: WanConfig) -> dict[str, Any]:
@@ -207,6 +231,8 @@ class CandidateOption:
     """(role, degree) for every role, in role order (degree 1: role unused)."""
     fsdp: bool
     """Weights sharded over the non-tp axes."""
+    fsdp_over_cfg: bool
+    """With fsdp: the cfg axis shards weights too (see :attr:`Candidate.fsdp_over_cfg`)."""
     candidate: Candidate | None
     """The candidate (``None`` only where fsdp has no axis to shard over)."""
     weight_bytes_per_device: float
@@ -223,13 +249,14 @@ class CandidateOption:
     def name(self) -> str:
         """The candidate name, also for an invalid option (e.g. ``uly16``)."""
         core = Candidate.from_degrees(dict(self.degrees)).name
-        return core + ("-fsdp" if self.fsdp else "")
+        return core + ("" if not self.fsdp else "-fsdp" if self.fsdp_over_cfg else "-fsdpseq")
 
 
 class CandidateSpace(Records[CandidateOption]):
     """Every option :func:`explain_candidates` considered, valid or not."""
 
-    COLUMNS = ("name", *ROLES, "fsdp", "weight_gib_per_device", "valid", "reason")
+    COLUMNS = ("name", *ROLES, "fsdp", "fsdp_over_cfg", "weight_gib_per_device", "valid",
+               "reason")
 
     @property
     def valid(self) -> list[Candidate]:
@@ -260,22 +287,26 @@ class CandidateSpace(Records[CandidateOption]):
 
     def row(self, item: CandidateOption) -> dict[str, Any]:
         return {"name": item.name, **dict(item.degrees), "fsdp": item.fsdp,
+                "fsdp_over_cfg": item.fsdp_over_cfg,
                 "weight_gib_per_device": item.weight_bytes_per_device / 2**30,
                 "valid": item.valid, "reason": "; ".join(item.reasons)}
 
 
-def explain_candidates(workload: Workload, topology: Topology, *, allow_padding: bool = False,
+def explain_candidates(workload: Workload, topology: Topology, *, allow_padding: bool = True,
                        attention: str | None = None, dtype: Any = jnp.bfloat16
                        ) -> CandidateSpace:
-    """Every combination of role degrees (times fsdp on/off), valid or not, with the reasons.
+    """Every combination of role degrees (times fsdp off / over every non-tp axis / over the
+    non-tp axes but cfg), valid or not, with the reasons.
 
     Exclusion rules, each named in ``reasons`` (several may apply):
 
     - a cfg degree above the passes per step (2 with guidance, 1 without);
     - heads not divisible by ``ulysses x tp`` (heads are never padded);
-    - tokens not divisible by the sequence degree ``context x ring x ulysses``, unless
-      ``allow_padding`` (padding is then masked and costs its share of compute);
-    - fsdp with no axis besides tp to shard over;
+    - tokens not divisible by the sequence degree ``context x ring x ulysses`` when
+      ``allow_padding=False``; by default such a split is valid with the token axis padded up
+      to a multiple of the degree (padded keys masked, the padding's compute paid), as the
+      official Wan code and MaxDiffusion pad;
+    - fsdp with no axis besides tp (and cfg, for ``-fsdpseq``) to shard over;
     - stored weights per device above the chip's usable HBM even with this sharding.
     """
     cfg = workload.config()
@@ -284,28 +315,33 @@ def explain_candidates(workload: Workload, topology: Topology, *, allow_padding:
     options = []
     for degrees in _degree_tuples(topology.num_devices, len(ROLES)):
         by_role = dict(zip(ROLES, degrees, strict=True))
-        for fsdp in (False, True):
-            reasons = _exclusions(by_role, fsdp, workload, cfg, allow_padding)
+        weightings = [(False, True), (True, True)] + ([(True, False)] if by_role["cfg"] > 1
+                                                      else [])
+        for fsdp, over_cfg in weightings:
+            reasons = _exclusions(by_role, fsdp, over_cfg, workload, cfg, allow_padding)
             candidate, weights = None, math.nan
-            if not (fsdp and _nothing_to_shard_over(by_role)):
-                candidate = Candidate.from_degrees(by_role, fsdp=fsdp, attention=attention)
+            if not (fsdp and _nothing_to_shard_over(by_role, over_cfg)):
+                candidate = Candidate.from_degrees(by_role, fsdp=fsdp, attention=attention,
+                                                   fsdp_over_cfg=over_cfg)
                 weights = candidate.weight_bytes_per_device(cfg, dtype)
                 if weights > usable:
                     reasons.append(
                         f"weights {weights / 2**30:.1f} GiB per device exceed the "
                         f"{usable / 2**30:.2f} GiB usable HBM")
-            options.append(CandidateOption(tuple(by_role.items()), fsdp, candidate, weights,
-                                           tuple(reasons)))
+            options.append(CandidateOption(tuple(by_role.items()), fsdp, over_cfg, candidate,
+                                           weights, tuple(reasons)))
     return CandidateSpace(options)
 
 
-def _nothing_to_shard_over(degrees: dict[str, int]) -> bool:
-    """No axis besides tp: fsdp would have no axis to shard the weights over."""
-    return all(d == 1 for role, d in degrees.items() if role != "tp")
+def _nothing_to_shard_over(degrees: dict[str, int], over_cfg: bool = True) -> bool:
+    """No axis besides tp (and cfg, unless ``over_cfg``): fsdp would have nothing to shard
+    the weights over."""
+    skip = ("tp",) if over_cfg else ("tp", "cfg")
+    return all(d == 1 for role, d in degrees.items() if role not in skip)
 
 
-def _exclusions(degrees: dict[str, int], fsdp: bool, workload: Workload, cfg: WanConfig,
-                allow_padding: bool) -> list[str]:
+def _exclusions(degrees: dict[str, int], fsdp: bool, over_cfg: bool, workload: Workload,
+                cfg: WanConfig, allow_padding: bool) -> list[str]:
     reasons = []
     if degrees["cfg"] > workload.batch:
         reasons.append(f"cfg degree {degrees['cfg']} > {workload.batch} passes per step")
@@ -317,13 +353,14 @@ def _exclusions(degrees: dict[str, int], fsdp: bool, workload: Workload, cfg: Wa
         padding = -workload.tokens % sequence
         reasons.append(f"{workload.tokens:,} tokens not divisible by sequence degree "
                        f"{sequence} (would pad {padding})")
-    if fsdp and _nothing_to_shard_over(degrees):
-        reasons.append("fsdp needs an axis besides tp to shard weights over")
+    if fsdp and _nothing_to_shard_over(degrees, over_cfg):
+        reasons.append("fsdp needs an axis besides tp to shard weights over" if over_cfg else
+                       "fsdp needs an axis besides tp and cfg to shard weights over (fsdpseq)")
     return reasons
 
 
 def enumerate_candidates(workload: Workload, topology: Topology, *,
-                         allow_padding: bool = False, attention: str | None = None,
+                         allow_padding: bool = True, attention: str | None = None,
                          dtype: Any = jnp.bfloat16) -> list[Candidate]:
     """The valid candidates of :func:`explain_candidates`."""
     return explain_candidates(workload, topology, allow_padding=allow_padding,

@@ -75,7 +75,7 @@ def _prune_command(args: argparse.Namespace) -> int:
 
     case = parse_case(args.case)
     workload, topology = case.workload, case.topology()
-    space = explain_candidates(workload, topology, allow_padding=args.allow_padding)
+    space = explain_candidates(workload, topology, allow_padding=not args.no_padding)
     candidates = space.valid
     print(f"{workload.name} ({workload.tokens:,} tokens) on {topology.name}: "
           f"{len(space)} combinations considered, {len(candidates)} valid")
@@ -105,7 +105,8 @@ def _plan_command(args: argparse.Namespace) -> int:
                            "not exist; create it or write the plan elsewhere.")
     topology = case.topology()
     result = plan(workload, topology, num_layers=args.layers, budget=args.budget,
-                  quiet=args.quiet)
+                  quiet=args.quiet, compare=args.compare,
+                  **({"flags": args.flags} if args.flags else {}))
     best = result.best
     with pd.option_context("display.width", 250, "display.max_columns", 20,
                            "display.max_colwidth", 70):
@@ -113,15 +114,24 @@ def _plan_command(args: argparse.Namespace) -> int:
         print("\nRanking (candidate x placement, predicted seconds per step):")
         print(result.ranking[:args.top].to_frame().drop(columns=["placement"])
               .to_string(float_format=lambda v: f"{v:.4g}"))
-        print(f"\nBest plan: {best.candidate.name}, {best.placement.description}: "
+        print(f"\nBest plan: {best.candidate.name} ({best.flags.label} compiler flags), "
+              f"{best.placement.description}: "
               f"{best.predicted.total_s:.4g} s (compute {best.predicted.compute_s:.4g} s, "
               f"communication {best.predicted.comm_s:.4g} s)")
         print("\nWhere its communication time goes:")
         print(best.breakdown.head(args.top).to_string(float_format=lambda v: f"{v:.4g}"))
-        print("\nBaselines and ablations (same compiler, same model; speedup_of_plan = "
-              "baseline / plan):")
-        print(result.baselines.to_frame().drop(columns=["reason"])
+        print("\nThe systems people run (same compiler, same model; speedup_of_plan = "
+              "system / plan):")
+        print(result.baselines.to_frame().drop(columns=["reason", "note"])
               .to_string(float_format=lambda v: f"{v:.4g}"))
+        print("\nWhere the gain comes from (ratio = other / plan; strategy: best system / "
+              "best candidate in plain order):")
+        print(result.headline.to_frame().to_string(float_format=lambda v: f"{v:.4g}"))
+        if args.compare:
+            print("\nYour setup, and what to change (speedup = yours / that row):")
+            print(result.advice().to_string(float_format=lambda v: f"{v:.4g}"))
+        if best.flags.args:
+            print(f"\nRun it with LIBTPU_INIT_ARGS=\"{best.flags.args}\"")
     if args.json:
         best.to_json(args.json)
         print(f"\nplan written to {args.json}")
@@ -196,8 +206,9 @@ def build_parser() -> argparse.ArgumentParser:
     pr = commands.add_parser(
         "prune", help="enumerate sharding candidates and prune them from the traced IR")
     pr.add_argument("case", help=CASE_HELP)
-    pr.add_argument("--allow-padding", action="store_true",
-                    help="admit sequence degrees that need padded tokens")
+    pr.add_argument("--no-padding", action="store_true",
+                    help="exclude sequence degrees that need padded tokens (admitted by "
+                         "default: the token axis is padded and the padding masked)")
     pr.add_argument("--show-invalid", action="store_true",
                     help="also list the excluded combinations and why")
     pr.set_defaults(run=_prune_command)
@@ -214,6 +225,14 @@ def build_parser() -> argparse.ArgumentParser:
                     help="compile the best plan on its own mesh (its device order) and check "
                          "that its collectives and predicted step are the scored ones; exit "
                          "status 1 when they differ")
+    pl.add_argument("--compare", metavar="SETUP",
+                    help="score your own setup beside the plan and say what to change: "
+                         "MaxDiffusion keys ('ici_data_parallelism=2 attention=ulysses'), Wan "
+                         "flags (--compare='--ulysses_size 2 --ring_size 4') or a mesh "
+                         "('candidate=cfg2-uly4-fsdp order=0,1,4,5,...'; default plain order)")
+    pl.add_argument("--flags", nargs="+", metavar="FLAGS",
+                    help="compiler flag sets to search (names of compile.FLAG_SETS or quoted "
+                         "LIBTPU_INIT_ARGS; default: default maxdiffusion-ulysses)")
     pl.add_argument("--quiet", action="store_true", help="no progress bar")
     pl.set_defaults(run=_plan_command)
     rep = commands.add_parser(

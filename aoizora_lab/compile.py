@@ -17,6 +17,13 @@ written to a temporary folder and renamed into place, so a reader never sees hal
 HLO text carries a checksum that is checked on every read. ``ok`` and ``oom`` results are
 cached (the compiler is deterministic); crashes, timeouts and errors are retried next time.
 
+**Compiler flags** are part of a recipe: each compile takes a :class:`CompilerFlags` (a named
+set from :data:`FLAG_SETS`, e.g. MaxDiffusion's recommended ``LIBTPU_INIT_ARGS``, or a user's
+own string), passed to the compiler as ``compiler_options`` (the same flags libtpu reads from
+``LIBTPU_INIT_ARGS``; the environment's own ``LIBTPU_INIT_ARGS`` is cleared in the child, so
+the cache key says every flag a compile saw). On CPU host devices the TPU flags mean nothing
+and are not passed.
+
 **Layer folding**: ``num_layers=2`` compiles two layers of the model (same width) and scales the
 collectives of the layer loop by ``model layers / 2``; everything outside the loop (embeddings,
 head) counts once. Under ``scan`` the per-layer program does not depend on the depth, which
@@ -58,6 +65,73 @@ CACHED_STATUSES = ("ok", "oom")
 
 
 @dataclass(frozen=True)
+class CompilerFlags:
+    """A named set of libtpu / XLA flags, written as ``LIBTPU_INIT_ARGS`` is written."""
+
+    name: str
+    """Short name shown in tables (``default``, ``maxdiffusion-wan``, ...)."""
+    args: str = ""
+    """``--flag=value`` words separated by spaces (empty: the compiler's defaults)."""
+    source: str = ""
+    """Where the set comes from."""
+
+    def __post_init__(self) -> None:
+        for word in self.args.split():
+            if not (word.startswith("--") and "=" in word and len(word.split("=")[0]) > 2):
+                raise AoizoraError(
+                    f"Compiler flag {word!r} in {self.args!r} is not '--name=value'; write the "
+                    "flags as LIBTPU_INIT_ARGS takes them, e.g. "
+                    "'--xla_tpu_enable_async_all_to_all=true'.")
+
+    @property
+    def options(self) -> dict[str, str]:
+        """The flags as ``compiler_options`` for ``Lowered.compile``."""
+        return dict(word[2:].split("=", 1) for word in self.args.split())
+
+    @property
+    def label(self) -> str:
+        """The name, or ``default`` for no flags."""
+        return self.name if self.args else "default"
+
+
+_MAXDIFFUSION_WAN = ("--xla_tpu_enable_async_collective_fusion=true "
+                     "--xla_tpu_enable_async_collective_fusion_fuse_all_reduce=true "
+                     "--xla_tpu_enable_async_collective_fusion_multiple_steps=true "
+                     "--xla_tpu_overlap_compute_collective_tc=true "
+                     "--xla_enable_async_all_reduce=true")
+FLAG_SETS: dict[str, CompilerFlags] = {f.name: f for f in (
+    CompilerFlags("default", "", "libtpu's defaults (no LIBTPU_INIT_ARGS)"),
+    CompilerFlags("maxdiffusion-wan", _MAXDIFFUSION_WAN,
+                  "MaxDiffusion README, Wan 2.1 inference: LIBTPU_INIT_ARGS (HEAD 7cfb880)"),
+    CompilerFlags("maxdiffusion-ulysses",
+                  _MAXDIFFUSION_WAN + " --xla_tpu_enable_async_all_to_all=true",
+                  "MaxDiffusion README, Wan inference flags plus its Ulysses section's "
+                  "--xla_tpu_enable_async_all_to_all=true (HEAD 7cfb880)"),
+)}
+"""Named flag sets; a recipe (baseline) names one, the planner searches several."""
+DEFAULT_FLAGS = FLAG_SETS["default"]
+
+
+def compiler_flags(flags: str | CompilerFlags | None) -> CompilerFlags:
+    """A :class:`CompilerFlags` from a name in :data:`FLAG_SETS`, a ``LIBTPU_INIT_ARGS``-style
+    string (``"--xla_tpu_enable_async_all_to_all=true"``: named ``custom``) or ``None``
+    (the defaults)."""
+    if flags is None:
+        return DEFAULT_FLAGS
+    if isinstance(flags, CompilerFlags):
+        return flags
+    if isinstance(flags, str) and flags in FLAG_SETS:
+        return FLAG_SETS[flags]
+    if isinstance(flags, str) and flags.strip().startswith("--"):
+        args = " ".join(flags.split())
+        known = [f for f in FLAG_SETS.values() if f.args == args]
+        return known[0] if known else CompilerFlags("custom", args, "given by the user")
+    raise AoizoraError(
+        f"Compiler flags {flags!r}: give a flag set name from {sorted(FLAG_SETS)} or flags as "
+        "LIBTPU_INIT_ARGS takes them, e.g. '--xla_tpu_enable_async_all_to_all=true'.")
+
+
+@dataclass(frozen=True)
 class CompiledCandidate:
     """The outcome of compiling one candidate: status, time, memory, the HLO and its collectives."""
 
@@ -78,6 +152,13 @@ class CompiledCandidate:
     """Layers actually compiled (fewer than the model's when folded)."""
     cached: bool = False
     """Whether the result came from the cache."""
+    flags: CompilerFlags = DEFAULT_FLAGS
+    """The compiler flags it was compiled with."""
+
+    @property
+    def key(self) -> tuple[str, str]:
+        """``(candidate name, flags label)``: one compile's identity in a sweep."""
+        return self.candidate.name, self.flags.label
 
     @property
     def hlo_text(self) -> str:
@@ -90,7 +171,8 @@ class CompiledCandidate:
 class Compiles(Records[CompiledCandidate]):
     """The compile of every candidate, in the order they were given."""
 
-    COLUMNS = ("candidate", "status", "cached", "compile_s", "peak_gib", "comm_gb", "message")
+    COLUMNS = ("candidate", "flags", "status", "cached", "compile_s", "peak_gib", "comm_gb",
+               "message")
 
     @property
     def ok(self) -> list[CompiledCandidate]:
@@ -120,7 +202,8 @@ class Compiles(Records[CompiledCandidate]):
         return pd.DataFrame(rows, columns=["candidate", "kind", "schedule", "collective", "gb"])
 
     def row(self, item: CompiledCandidate) -> dict[str, Any]:
-        return {"candidate": item.candidate.name, "status": item.status, "cached": item.cached,
+        return {"candidate": item.candidate.name, "flags": item.flags.label,
+                "status": item.status, "cached": item.cached,
                 "compile_s": item.compile_seconds,
                 "peak_gib": item.memory.get("peak", math.nan) / 2**30,
                 "comm_gb": item.program.total_bytes / 1e9 if item.program else math.nan,
@@ -130,9 +213,12 @@ class Compiles(Records[CompiledCandidate]):
 def compile_candidates(candidates: Sequence[Candidate], workload: Workload, topology: Topology,
                        *, executor: cf.Executor | None = None,
                        cache_dir: str | Path | None = None, timeout_s: float = 900.0,
-                       num_layers: int | None = None) -> Compiles:
-    """Compile ``candidates`` for ``topology``'s devices; one result per candidate, in order."""
+                       num_layers: int | None = None,
+                       flags: str | CompilerFlags | None = None) -> Compiles:
+    """Compile ``candidates`` for ``topology``'s devices with ``flags`` (see
+    :func:`compiler_flags`); one result per candidate, in order."""
     check_compilable(topology)
+    flags = compiler_flags(flags)
     model = workload.config()
     check_num_layers(num_layers, model.num_layers)
     for candidate in candidates:
@@ -150,7 +236,7 @@ def compile_candidates(candidates: Sequence[Candidate], workload: Workload, topo
     if isinstance(timeout_s, bool) or not isinstance(timeout_s, int | float) or not timeout_s > 0:
         raise AoizoraError(f"timeout_s={timeout_s!r} must be a positive number of seconds.")
     cache = Path(cache_dir) if cache_dir is not None else cache_root() / "compile"
-    jobs = [_job(c, workload, topology, num_layers) for c in candidates]
+    jobs = [_job(c, workload, topology, num_layers, flags) for c in candidates]
     own = executor is None
     pool = executor or cf.ThreadPoolExecutor(max_workers=os.cpu_count() or 1)
     try:
@@ -159,7 +245,7 @@ def compile_candidates(candidates: Sequence[Candidate], workload: Workload, topo
     finally:
         if own:
             pool.shutdown()
-    return Compiles(_result(c, r, model.num_layers, num_layers) for c, r in
+    return Compiles(_result(c, r, model.num_layers, num_layers, flags) for c, r in
                     zip(candidates, raw, strict=True))
 
 
@@ -183,9 +269,10 @@ def check_num_layers(num_layers: Any, model_layers: int) -> None:
 
 
 def _job(candidate: Candidate, workload: Workload, topology: Topology,
-         num_layers: int | None) -> dict[str, Any]:
+         num_layers: int | None, flags: CompilerFlags = DEFAULT_FLAGS) -> dict[str, Any]:
     """Everything a child needs, as JSON-able data (and the cache key's ingredients)."""
     model = workload.config()
+    options = {} if topology.source == "host devices" else flags.options
     return {
         "candidate": candidate.name,
         "attention": candidate.attention,
@@ -196,6 +283,7 @@ def _job(candidate: Candidate, workload: Workload, topology: Topology,
                      "source": topology.source, "num_devices": topology.num_devices},
         "num_layers": num_layers or model.num_layers,
         "versions": program_versions(),
+        **({"compiler_options": options} if options else {}),
     }
 
 
@@ -222,7 +310,7 @@ def _run_job(job: dict[str, Any], cache_dir: str, timeout_s: float) -> dict[str,
     cached = read_entry(entry)
     if cached is not None:
         return cached | {"cached": True}
-    env = dict(os.environ)
+    env = {k: v for k, v in os.environ.items() if k != "LIBTPU_INIT_ARGS"}
     if job["topology"]["source"] == "host devices":
         env["JAX_PLATFORMS"] = "cpu"
         env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count="
@@ -329,7 +417,7 @@ def program_at_depth(hlo_text: str, num_devices: int, num_layers: int | None,
 
 
 def _result(candidate: Candidate, raw: dict[str, Any], model_layers: int,
-            num_layers: int | None) -> CompiledCandidate:
+            num_layers: int | None, flags: CompilerFlags) -> CompiledCandidate:
     program = None
     hlo_path = Path(raw["hlo_path"]) if raw.get("hlo_path") else None
     if raw["status"] == "ok" and hlo_path is not None:
@@ -339,4 +427,5 @@ def _result(candidate: Candidate, raw: dict[str, Any], model_layers: int,
         candidate=candidate, status=raw["status"], message=raw.get("message", ""),
         compile_seconds=float(raw.get("compile_seconds", 0.0)),
         memory=raw.get("memory", {}), program=program, hlo_path=hlo_path,
-        compiled_layers=num_layers or model_layers, cached=bool(raw.get("cached", False)))
+        compiled_layers=num_layers or model_layers, cached=bool(raw.get("cached", False)),
+        flags=flags)

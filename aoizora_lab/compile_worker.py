@@ -46,7 +46,7 @@ def main(work: Path) -> None:
             os.abort()
         while os.environ.get("AOIZORA_LAB_HANG_CANDIDATE") == candidate.name:
             time.sleep(60)
-        compiled = lowered.compile()
+        compiled = lowered.compile(compiler_options=job.get("compiler_options") or None)
         memory = compiled.memory_analysis()
         result["memory"] = {
             "argument": float(memory.argument_size_in_bytes),

@@ -60,6 +60,7 @@ from aoizora_lab.comm_model import (
     ring_flows,
     route_matrix,
 )
+from aoizora_lab.compile import DEFAULT_FLAGS, CompilerFlags
 from aoizora_lab.cost import Predicted, group_exposed, hbm_seconds, overlap_groups, predict
 from aoizora_lab.errors import AoizoraError
 from aoizora_lab.hardware import ChipSpec, device_spec
@@ -133,19 +134,25 @@ def make_mesh_order(mesh_shape: Sequence[int], axis_names: Sequence[str],
     return _order_of(mesh.devices, topology, "jax.make_mesh")
 
 
-def create_device_mesh_order(mesh_shape: Sequence[int], topology: Topology) -> Placement:
-    """Where ``mesh_utils.create_device_mesh`` puts a mesh of ``mesh_shape``, retried with
-    ``allow_split_physical_axes=True`` when its default refuses the shape."""
+def create_device_mesh_order(mesh_shape: Sequence[int], topology: Topology, *,
+                             allow_split: bool | None = None) -> Placement:
+    """Where ``mesh_utils.create_device_mesh`` puts a mesh of ``mesh_shape``.
+
+    ``allow_split`` is its ``allow_split_physical_axes``; ``None`` (default) tries ``False``
+    (the library's default) and retries with ``True`` where that refuses the shape. A refusal
+    with ``False`` or ``True`` raises the library's error."""
     from jax.experimental import mesh_utils
 
     devices = _devices_of(topology)
-    try:
-        ordered = mesh_utils.create_device_mesh(tuple(mesh_shape), devices)
-        how = "mesh_utils.create_device_mesh"
-    except (ValueError, NotImplementedError, AssertionError):
-        ordered = mesh_utils.create_device_mesh(tuple(mesh_shape), devices,
-                                                allow_split_physical_axes=True)
-        how = "mesh_utils.create_device_mesh(allow_split_physical_axes=True)"
+    if allow_split is None:
+        try:
+            return create_device_mesh_order(mesh_shape, topology, allow_split=False)
+        except (ValueError, NotImplementedError, AssertionError):
+            return create_device_mesh_order(mesh_shape, topology, allow_split=True)
+    ordered = mesh_utils.create_device_mesh(tuple(mesh_shape), devices,
+                                            allow_split_physical_axes=allow_split)
+    how = ("mesh_utils.create_device_mesh(allow_split_physical_axes=True)" if allow_split
+           else "mesh_utils.create_device_mesh")
     return _order_of(ordered, topology, how)
 
 
@@ -649,20 +656,23 @@ class RankedPlacement:
     (:func:`aoizora_lab.cost.predict`)."""
     source: Source
     """Where the placement search found it."""
+    flags: CompilerFlags = DEFAULT_FLAGS
+    """The compiler flags the program was compiled with."""
 
 
 class Ranking(Records[RankedPlacement]):
     """Candidates on placements, fastest predicted step first."""
 
-    COLUMNS = ("candidate", "placement", "description", "source", "compute_s", "comm_s",
-               "total_s")
+    COLUMNS = ("candidate", "flags", "placement", "description", "source", "compute_s",
+               "comm_s", "total_s")
 
     def ranked(self) -> Ranking:
         """The same entries, fastest first (ties keep their order)."""
         return Ranking(sorted(self, key=lambda r: r.predicted.total_s))
 
     def row(self, item: RankedPlacement) -> dict[str, Any]:
-        return {"candidate": item.candidate.name, "placement": item.placement,
+        return {"candidate": item.candidate.name, "flags": item.flags.label,
+                "placement": item.placement,
                 "description": item.placement.description, "source": item.source.value,
                 **dataclasses.asdict(item.predicted)}
 
@@ -672,7 +682,8 @@ TOP_PLACEMENTS = 3
 
 
 def rank_placements(program: CommProgram, candidate: Candidate, topology: Topology, *,
-                    budget: int = 20_000, top: int = TOP_PLACEMENTS) -> Ranking:
+                    budget: int = 20_000, top: int = TOP_PLACEMENTS,
+                    flags: CompilerFlags = DEFAULT_FLAGS) -> Ranking:
     """Search ``candidate``'s placements for its compiled ``program`` and price the ``top``
     ones that leave the least communication exposed, fastest first: the one way the planner
     and the benchmarks rank a compiled program's placements."""
@@ -681,5 +692,5 @@ def rank_placements(program: CommProgram, candidate: Candidate, topology: Topolo
                               extra=library_orders(candidate.mesh_shape, candidate.axis_names,
                                                    topology))
     return Ranking(RankedPlacement(candidate, s.placement,
-                                   predict(program, topology, s.placement), s.source)
+                                   predict(program, topology, s.placement), s.source, flags)
                    for s in found[:top]).ranked()

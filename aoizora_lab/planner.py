@@ -4,25 +4,39 @@
 one has ``.to_frame()`` for notebooks), the baselines scored by the same compiler and cost
 model (:mod:`aoizora_lab.baselines`), and the best :class:`~aoizora_lab.realize.Plan`.
 
-Latencies are priced by :mod:`aoizora_lab.cost` (roofline compute, the ICI model, the overlap
-rule). A baseline predicted faster than the search's own best becomes the plan, so the plan is
-never predicted slower than a baseline; :attr:`PlanResult.searched` keeps the search's own best
-so the two can be told apart.
+Latencies are priced by :mod:`aoizora_lab.cost` (compiler compute, the ICI model, overlap from
+the compiled schedule). Compiler flags are one more dimension of the search: the kept
+candidates are compiled with each flag set of ``flags`` (on TPU slices). A baseline predicted
+faster than the search's own best becomes the plan, so the plan is never predicted slower than
+a baseline; :attr:`PlanResult.searched` keeps the search's own best so the two can be told
+apart. :attr:`PlanResult.headline` splits the gain: against the existing systems, from
+placement, from the sharding strategy.
 """
 
 from __future__ import annotations
 
 import concurrent.futures as cf
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from aoizora_lab.baselines import Baselines, score_baselines
+from aoizora_lab.baselines import (
+    SYSTEMS,
+    USER,
+    Baselines,
+    Headline,
+    headline,
+    score_baselines,
+)
 from aoizora_lab.candidates import Candidate, CandidateSpace, explain_candidates
 from aoizora_lab.compile import (
+    CompilerFlags,
     Compiles,
     check_compilable,
     check_num_layers,
     compile_candidates,
+    compiler_flags,
 )
 from aoizora_lab.cost import breakdown
 from aoizora_lab.errors import AoizoraError, is_whole
@@ -34,6 +48,14 @@ from aoizora_lab.realize import Plan
 from aoizora_lab.topology import Topology
 from aoizora_lab.workload import Workload
 
+if TYPE_CHECKING:
+    import pandas as pd
+
+
+SEARCHED_FLAGS: tuple[str, ...] = ("default", "maxdiffusion-ulysses")
+"""The flag sets the planner compiles each kept candidate with: libtpu's defaults and
+MaxDiffusion's recommended set (asynchronous collective fusion and all-to-all)."""
+
 
 @dataclass(frozen=True, eq=False)
 class PlanResult:
@@ -44,40 +66,88 @@ class PlanResult:
     pruning: Pruning
     """Each valid candidate's pruning decision, best IR estimate first."""
     compiled: Compiles
-    """The survivors' compiles (status, time, memory, program)."""
+    """The survivors' compiles (status, time, memory, program), once per flag set."""
     ranking: Ranking
     """Top placements of every compiled candidate, fastest predicted step first."""
     baselines: Baselines
-    """Existing systems and ablations, each built, compiled and priced (or why not)."""
+    """Existing systems (and the user's setup), each built, compiled and priced (or why
+    not)."""
     baseline_compiles: Compiles
-    """The baselines' candidates that pruning had not kept, compiled for them."""
+    """The baselines' setups the search had not compiled, compiled for them."""
     searched: Plan
     """The search's own best: the top of :attr:`ranking`."""
     best: Plan
     """The plan: :attr:`searched`, or a baseline where one is predicted faster."""
+    headline: Headline
+    """The plan against the existing systems, its placement gain and its strategy gain."""
 
     @property
-    def programs(self) -> dict[str, CommProgram]:
-        """The compiled program of every candidate that compiled (baselines' included), by
-        name."""
-        return {r.candidate.name: r.program
-                for r in [*self.compiled.ok, *self.baseline_compiles.ok]}
+    def programs(self) -> dict[tuple[str, str], CommProgram]:
+        """The compiled program of every compile that produced one (baselines' included), by
+        ``(candidate name, flags label)``."""
+        return {r.key: r.program for r in [*self.compiled.ok, *self.baseline_compiles.ok]}
 
     @property
     def baseline_plans(self) -> dict[str, Plan]:
         """Every priced baseline as a plan, by baseline name."""
         return self.baselines.plans
 
+    def advice(self, *, budget: int = 5_000) -> pd.DataFrame:
+        """What to change in your setup (``plan(..., compare=...)``), one step at a time.
+
+        Rows (``step``, ``change``, ``candidate``, ``flags``, ``placement``, ``total_s``,
+        ``speedup``: your step / this row's): your setup as you run it; your sharding and
+        flags on the placement the search finds for them (the placement gain alone); the plan
+        (sharding, flags and placement changed). Raises where no setup of yours was given or
+        it did not compile.
+        """
+        import pandas as pd
+
+        if USER not in self.baselines:
+            raise AoizoraError("No setup of yours to advise on: plan(..., compare=...) with "
+                               "MaxDiffusion keys, Wan flags or a mesh (baselines.user_setup).")
+        yours = self.baselines[USER]
+        if yours.plan is None:
+            raise AoizoraError(f"Your setup {yours.setup.recipe if yours.setup else ''!r} is "
+                               f"{yours.status.value}: {yours.reason}")
+        mine, best = yours.plan, self.best
+        placed = rank_placements(mine.program, mine.candidate, mine.topology, budget=budget,
+                                 top=1, flags=mine.flags)[0]
+        changes = [f"sharding {mine.candidate.name} -> {best.candidate.name}"
+                   if mine.candidate != best.candidate else "",
+                   f"flags {mine.flags.label} -> {best.flags.label}"
+                   if mine.flags.label != best.flags.label else "",
+                   "placement" if best.placement != mine.placement else ""]
+        rows = [("your setup", yours.setup.recipe, mine.candidate.name, mine.flags.label,
+                 mine.placement.description, mine.predicted.total_s),
+                ("place it", "your sharding and flags, placed by the search",
+                 mine.candidate.name, mine.flags.label, placed.placement.description,
+                 placed.predicted.total_s),
+                ("the plan", ", ".join(c for c in changes if c) or "nothing: it is the plan",
+                 best.candidate.name, best.flags.label, best.placement.description,
+                 best.predicted.total_s)]
+        frame = pd.DataFrame(rows, columns=["step", "change", "candidate", "flags",
+                                            "placement", "total_s"])
+        frame["speedup"] = mine.predicted.total_s / frame["total_s"]
+        return frame
+
 
 def plan(workload: Workload, topology: Topology, *, keep: int = 3, budget: int = 20_000,
          top_placements: int = TOP_PLACEMENTS, num_layers: int | None = None,
          cache_dir: str | Path | None = None, executor: cf.Executor | None = None,
          timeout_s: float = 900.0, quiet: bool = True,
-         ir_cache_dir: IRCacheDir = None) -> PlanResult:
-    """Search candidates and placements of ``workload`` on ``topology``; rank; compare.
+         ir_cache_dir: IRCacheDir = None,
+         flags: Sequence[str | CompilerFlags] = SEARCHED_FLAGS,
+         compare: Any = None) -> PlanResult:
+    """Search candidates, compiler flags and placements of ``workload`` on ``topology``;
+    rank; compare with the existing systems (and ``compare``, a setup of yours: MaxDiffusion
+    config keys, Wan / xDiT flags or a mesh, see :func:`aoizora_lab.baselines.user_setup`).
 
-    ``cache_dir`` holds the compiles (default ``data/cache/compile``), ``ir_cache_dir`` the IR
-    traces (default ``data/cache/ir``; ``False``: trace afresh).
+    ``flags``: the flag sets every kept candidate is compiled with (names in
+    :data:`aoizora_lab.compile.FLAG_SETS` or ``LIBTPU_INIT_ARGS`` strings; CPU host devices
+    compile once, TPU flags mean nothing there). ``cache_dir`` holds the compiles (default
+    ``data/cache/compile``), ``ir_cache_dir`` the IR traces (default ``data/cache/ir``;
+    ``False``: trace afresh).
     """
     from tqdm.auto import tqdm
 
@@ -88,6 +158,12 @@ def plan(workload: Workload, topology: Topology, *, keep: int = 3, budget: int =
                                ("top_placements", top_placements, 1)):
         if not is_whole(value, least):
             raise AoizoraError(f"plan({name}={value!r}): must be a whole number >= {least}.")
+    if isinstance(flags, str | CompilerFlags) or not flags:
+        raise AoizoraError(f"plan(flags={flags!r}): give a list of flag sets, e.g. "
+                           f"{list(SEARCHED_FLAGS)}.")
+    flag_sets = list({f.label: f for f in map(compiler_flags, flags)}.values())
+    if topology.source == "host devices":
+        flag_sets = flag_sets[:1]
     progress = tqdm(total=5, desc="plan", disable=quiet)
 
     def stage(name: str) -> None:
@@ -106,12 +182,12 @@ def plan(workload: Workload, topology: Topology, *, keep: int = 3, budget: int =
         )
     stage("pruned")
 
-    def compile(candidates: list[Candidate]) -> Compiles:
+    def compile(candidates: list[Candidate], with_flags: CompilerFlags) -> Compiles:
         return compile_candidates(candidates, workload, topology, executor=executor,
                                   cache_dir=cache_dir, timeout_s=timeout_s,
-                                  num_layers=num_layers)
+                                  num_layers=num_layers, flags=with_flags)
 
-    compiled = compile(pruning.kept)
+    compiled = Compiles(r for f in flag_sets for r in compile(pruning.kept, f))
     stage("compiled")
     if not compiled.ok:
         raise AoizoraError(
@@ -121,18 +197,20 @@ def plan(workload: Workload, topology: Topology, *, keep: int = 3, budget: int =
             "retry, or raise timeout_s)."
         )
     ranking = Ranking(entry for r in compiled.ok for entry in rank_placements(
-        r.program, r.candidate, topology, budget=budget, top=top_placements)).ranked()
+        r.program, r.candidate, topology, budget=budget, top=top_placements,
+        flags=r.flags)).ranked()
     stage("placed")
-    by_name = {r.candidate.name: r for r in compiled}
+    by_key = {r.key: r for r in compiled}
     top = ranking[0]
-    program = by_name[top.candidate.name].program
+    program = by_key[(top.candidate.name, top.flags.label)].program
     searched = Plan(workload, topology, top.candidate, top.placement, top.predicted, program,
-                    breakdown(program, topology, top.placement))
-    baselines, added = score_baselines(workload, topology, searched.candidate, pruning,
-                                       by_name, compile)
-    best = min([searched, *baselines.plans.values()], key=lambda p: p.predicted.total_s)
+                    breakdown(program, topology, top.placement), flags=top.flags)
+    baselines, added = score_baselines(workload, topology, pruning, by_key, compile,
+                                       keep=keep, compare=compare)
+    systems = [o.plan for o in baselines if o.plan is not None and o.name in SYSTEMS]
+    best = min([searched, *systems], key=lambda p: p.predicted.total_s)
     stage("baselines")
     progress.close()
     return PlanResult(space, pruning, compiled, ranking,
                       Baselines(baselines, plan_s=best.predicted.total_s), Compiles(added),
-                      searched, best)
+                      searched, best, headline(best, baselines, compiled))

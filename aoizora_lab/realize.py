@@ -11,7 +11,11 @@ logical device, not as device indices, so it moves between VMs of the same slice
 
     {"version": 1, "workload": {...}, "slice": "v5e:4x4", "candidate": "cfg2-uly8-fsdp",
      "attention": "splash", "coords": [[0, 0], [1, 0], ...], "cores": [0, 0, ...],
-     "predicted": {"compute_s": 4.47, "comm_s": 1.02, "total_s": 4.9}}
+     "predicted": {"compute_s": 4.47, "comm_s": 1.02, "total_s": 4.9},
+     "libtpu_init_args": "--xla_tpu_enable_async_all_to_all=true"}
+
+``libtpu_init_args`` (optional, default none) are the compiler flags the plan was priced with:
+export them as ``LIBTPU_INIT_ARGS`` before JAX starts, or let :meth:`Plan.compile` pass them.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from aoizora_lab.candidates import Candidate
+from aoizora_lab.compile import DEFAULT_FLAGS, CompilerFlags, compiler_flags
 from aoizora_lab.cost import Predicted, predict
 from aoizora_lab.errors import AoizoraError
 from aoizora_lab.placement import Placement
@@ -54,6 +59,8 @@ class Plan:
     """The candidate's :class:`~aoizora_lab.hlo.CommProgram` (None for a loaded plan)."""
     breakdown: Any = field(default=None, repr=False)
     """Per-collective time and busiest link (a DataFrame), when known."""
+    flags: CompilerFlags = DEFAULT_FLAGS
+    """The compiler flags it was compiled and priced with (``LIBTPU_INIT_ARGS``)."""
 
     def __post_init__(self) -> None:
         sizes = {len(self.placement), self.topology.num_devices, self.candidate.num_devices}
@@ -89,10 +96,13 @@ class Plan:
         return param_shardings(self.workload.config(), self.parallel_plan(devices))
 
     def compile(self, devices: Any = None, **lower_options: Any) -> Any:
-        """Compile the Wan step for this plan (deviceless TPU devices work)."""
+        """Compile the Wan step for this plan (deviceless TPU devices work), with its
+        :attr:`flags` as compiler options (TPU only: CPU host devices ignore TPU flags)."""
         from aoizora_lab.workload import lower_step
 
-        return lower_step(self.workload, self.parallel_plan(devices), **lower_options).compile()
+        lowered = lower_step(self.workload, self.parallel_plan(devices), **lower_options)
+        tpu = self.topology.source != "host devices"
+        return lowered.compile(compiler_options=(self.flags.options or None) if tpu else None)
 
     def compiled_program(self, num_layers: int | None = None, devices: Any = None
                          ) -> CommProgram:
@@ -152,6 +162,7 @@ class Plan:
             "coords": [list(slots[i][0]) for i in self.placement.order],
             "cores": [slots[i][1] for i in self.placement.order],
             "predicted": dataclasses.asdict(self.predicted),
+            **({"libtpu_init_args": self.flags.args} if self.flags.args else {}),
         }
         Path(path).write_text(json.dumps(payload, indent=1))
 
@@ -196,6 +207,10 @@ class Plan:
             workload = _workload_from_json(payload["workload"])
             candidate = Candidate.from_name(payload["candidate"], attention=payload["attention"])
             predicted = _predicted_from_json(payload["predicted"])
+            args = payload.get("libtpu_init_args", "")
+            if not isinstance(args, str):
+                raise AoizoraError(f"libtpu_init_args={args!r} must be a string of flags.")
+            flags = compiler_flags(args) if args else DEFAULT_FLAGS
             index = {slot: device for device, slot in device_slots(topology).items()}
             try:
                 order = tuple(index[(tuple(int(v) for v in c), int(k))] for c, k in
@@ -216,7 +231,7 @@ class Plan:
             except AoizoraError as err:
                 raise AoizoraError(f"coords and cores: {err}") from None
             return cls(workload=workload, topology=topology, candidate=candidate,
-                       placement=placement, predicted=predicted)
+                       placement=placement, predicted=predicted, flags=flags)
         except AoizoraError as err:
             raise AoizoraError(f"Plan file {path}: {err}") from None
 

@@ -1,5 +1,8 @@
-"""What each baseline builds (candidate and device order), checked against the libraries and
-estimates it claims to follow; a builder that breaks is a failure, a refusal a row."""
+"""What each existing system builds (candidate, device order, flags), checked against the
+system's own rules and the libraries it calls; a user's setup read from its own words; the
+headline's parts checked against the prices they are made of."""
+
+import math
 
 import jax
 import numpy as np
@@ -9,17 +12,25 @@ from tiny import TINY
 
 import aoizora_lab as az
 from aoizora_lab import baselines
-from aoizora_lab.baselines import ABLATIONS, BASELINES, Status
+from aoizora_lab.baselines import (
+    SYSTEMS,
+    USER,
+    Setup,
+    Status,
+    maxdiffusion_recipes,
+    maxdiffusion_setup,
+    system_setups,
+    user_setup,
+    xdit_recipes,
+    xdit_setup,
+)
 from aoizora_lab.cost import predict
-from aoizora_lab.ir_estimate import estimate_ir
-from aoizora_lab.placement import plain_order
+from aoizora_lab.placement import create_device_mesh_order, make_mesh_order, plain_order
 from aoizora_lab.planner import plan
-
-# Every test here plans (compiles in child processes).
-pytestmark = pytest.mark.slow
 
 # 32 tokens: every Ulysses x ring split of 8 devices divides them.
 WORKLOAD = az.Workload(model=TINY, height=64, width=64, frames=5, text_len=8)
+WAN14 = az.Workload.preset("wan2.1-t2v-14b", "720p")
 
 
 @pytest.fixture(scope="module")
@@ -28,107 +39,238 @@ def host():
 
 
 @pytest.fixture(scope="module")
+def v5e16():
+    return az.Topology.from_name("v5e:4x4")  # libtpu's deviceless devices, no compile here
+
+
+def _library_order(devices, topology):
+    ids = [d.id for d in topology.devices]
+    return np.array([ids.index(d.id) for d in np.asarray(devices).ravel()]).reshape(
+        np.asarray(devices).shape)
+
+
+# ----------------------------------------------------------------------------- MaxDiffusion
+
+
+def test_maxdiffusion_default_is_its_shipped_config(v5e16):
+    setup = maxdiffusion_setup(WAN14, v5e16)
+    # ici (data, fsdp, context, tensor) = (1, 1, -1, 1): every chip on context, flash
+    # attention (queries sharded, K/V gathered), weights over context.
+    assert setup.candidate.name == "ctx16-fsdp"
+    library = mesh_utils.create_device_mesh((1, 1, 16, 1), list(v5e16.devices))
+    assert setup.placement.order == tuple(_library_order(library, v5e16).ravel())
+    assert setup.flags.name == "maxdiffusion-wan"
+    assert "--xla_tpu_enable_async_collective_fusion=true" in setup.flags.args
+    assert setup.note == ""  # create_device_mesh accepts (1, 1, 16, 1)
+
+
+def test_maxdiffusion_data_axis_batches_cfg_and_never_shards_weights(v5e16):
+    setup = maxdiffusion_setup(WAN14, v5e16, ici_data_parallelism=2)
+    assert setup.candidate.name == "cfg2-ctx8-fsdpseq"
+    assert setup.candidate.fsdp_axes == ("context",)
+    # create_device_mesh refuses (2, 1, 8, 1) on a 4x4 by default; a user allows the split.
+    with pytest.raises((ValueError, NotImplementedError)):
+        mesh_utils.create_device_mesh((2, 1, 8, 1), list(v5e16.devices))
+    assert "allow_split_physical_axes=True" in setup.note
+    library = mesh_utils.create_device_mesh((2, 1, 8, 1), list(v5e16.devices),
+                                            allow_split_physical_axes=True)
+    assert setup.placement.order == tuple(_library_order(library, v5e16).ravel())
+    with pytest.raises((ValueError, NotImplementedError)):  # the library itself, asked not to split
+        create_device_mesh_order((2, 1, 8, 1), v5e16, allow_split=False)
+
+
+def test_maxdiffusion_ulysses_ring_puts_ulysses_innermost_in_the_context_axis(v5e16):
+    setup = maxdiffusion_setup(WAN14, v5e16, ici_data_parallelism=2,
+                               attention="ulysses_ring", ulysses_shards=2)
+    assert setup.candidate.name == "cfg2-uly2-ring4-fsdpseq"
+    assert setup.flags.name == "maxdiffusion-ulysses"
+    assert "--xla_tpu_enable_async_all_to_all=true" in setup.flags.args
+    library = _library_order(mesh_utils.create_device_mesh(
+        (2, 1, 8, 1), list(v5e16.devices), allow_split_physical_axes=True), v5e16)
+    context = library[:, 0, :, 0]  # (data, context)
+    ours = np.array(setup.placement.order).reshape(2, 2, 4)  # (cfg, ulysses, ring)
+    for d in range(2):
+        for r in range(4):  # a Ulysses group: consecutive context positions (row-major)
+            assert list(ours[d, :, r]) == list(context[d, 2 * r:2 * r + 2])
+
+
+def test_maxdiffusion_refuses_what_its_code_refuses(v5e16):
+    with pytest.raises(az.AoizoraError, match="40 heads do not divide by the Ulysses shards 16"):
+        maxdiffusion_setup(WAN14, v5e16, attention="ulysses")
+    with pytest.raises(az.AoizoraError, match="at most one -1"):
+        maxdiffusion_setup(WAN14, v5e16, ici_data_parallelism=-1)
+    with pytest.raises(az.AoizoraError, match="multiplies to 32"):
+        maxdiffusion_setup(WAN14, v5e16, ici_data_parallelism=2, ici_context_parallelism=16)
+    with pytest.raises(az.AoizoraError, match="attention='ring'"):
+        maxdiffusion_setup(WAN14, v5e16, attention="ring")  # not a registered kernel
+    with pytest.raises(az.AoizoraError, match="ulysses_shards=3"):
+        maxdiffusion_setup(WAN14, v5e16, attention="ulysses_ring", ulysses_shards=3)
+
+
+def test_maxdiffusion_best_tries_every_kernel_and_recipe(v5e16):
+    recipes = maxdiffusion_recipes(WAN14, v5e16)
+    kernels = {(r["ici_data_parallelism"], r["attention"], r.get("ulysses_shards"))
+               for r in recipes}
+    for data in (1, 2):
+        context = 16 // data
+        assert {(data, k, None) for k in ("flash", "ulysses", "tokamax_ring")} <= kernels
+        shards = {s for d, k, s in kernels if d == data and k == "ulysses_ring"}
+        assert shards == {s for s in range(2, context) if context % s == 0 and s < context}
+    built = system_setups("maxdiffusion-best", WAN14, v5e16)
+    refused = [s for s in built if not isinstance(s, Setup)]
+    assert len(built) == len(recipes)
+    # 40 heads: Ulysses over 16 is refused; over 8 (data 2) it is built.
+    assert [r for r, _ in refused] == ["ici_data_parallelism=1 attention=ulysses"]
+
+
+# ----------------------------------------------------------------------------- Wan / xDiT
+
+
+def test_xdit_ranks_put_ulysses_inner_and_pad_like_the_official_code(v5e16):
+    setup = xdit_setup(WAN14, v5e16, ulysses_size=2, ring_size=8, dit_fsdp=True)
+    assert setup.candidate.name == "uly2-ring8-fsdp"
+    assert setup.flags.label == "default"
+    ours = np.array(setup.placement.order).reshape(2, 8)  # (ulysses, ring)
+    # yunchang use_ulysses_low: Ulysses groups {0,1},{2,3},...; ring groups strided by 2.
+    assert [sorted(ours[:, r]) for r in range(8)] == [[2 * r, 2 * r + 1] for r in range(8)]
+    assert sorted(ours[0]) == list(range(0, 16, 2))
+    assert setup.note == ""  # 75,600 tokens split 16 ways unpadded
+    small = az.Workload.preset("wan2.1-t2v-1.3b", "480p")
+    padded = xdit_setup(small, v5e16, ulysses_size=4, ring_size=4)
+    # text2video.py: seq_len = ceil(tokens / sp_size) * sp_size
+    seq_len = math.ceil(small.tokens / 16) * 16
+    assert seq_len > small.tokens
+    assert padded.note == (f"{small.tokens:,} tokens padded by {seq_len - small.tokens} to "
+                           f"{seq_len:,}")
+    assert padded.candidate.plan().padded_tokens(small.tokens) == seq_len
+    with pytest.raises(az.AoizoraError, match="num_heads % ulysses_size"):
+        xdit_setup(WAN14, v5e16, ulysses_size=16, ring_size=1)
+    with pytest.raises(az.AoizoraError, match="world size"):
+        xdit_setup(WAN14, v5e16, ulysses_size=2, ring_size=4)
+
+
+def test_xdit_splits_cover_every_ulysses_ring_product_without_cfg(v5e16):
+    recipes = xdit_recipes(WAN14, v5e16)
+    assert {(r["ulysses_size"], r["ring_size"]) for r in recipes} == {
+        (u, 16 // u) for u in (1, 2, 4, 8, 16)}
+    for setup in system_setups("xdit-usp", WAN14, v5e16):
+        if isinstance(setup, Setup):
+            assert setup.candidate.degree("cfg") == 1  # no CFG parallelism for T2V
+            assert setup.candidate.degree("context") == setup.candidate.degree("tp") == 1
+
+
+# ----------------------------------------------------------------------------- a user's setup
+
+
+def test_a_user_setup_is_read_in_its_systems_own_words(v5e16):
+    keys = user_setup("ici_data_parallelism=2 ici_context_parallelism=8 attention=ulysses",
+                      WAN14, v5e16)
+    assert keys.system == "user"
+    assert keys.candidate == maxdiffusion_setup(WAN14, v5e16, ici_data_parallelism=2,
+                                                attention="ulysses").candidate
+    flags = user_setup("--ulysses_size 4 --ring_size 4 --dit_fsdp", WAN14, v5e16)
+    assert flags.candidate.name == "uly4-ring4-fsdp"
+    assert user_setup({"ulysses_size": 4, "ring_size": 4, "dit_fsdp": True}, WAN14,
+                      v5e16).placement == flags.placement
+    order = list(range(16))[::-1]
+    mesh = user_setup({"candidate": "cfg2-uly8-fsdp", "order": order,
+                       "flags": "--xla_tpu_enable_async_all_to_all=true"}, WAN14, v5e16)
+    assert mesh.placement.order == tuple(order) and mesh.flags.name == "custom"
+    with pytest.raises(az.AoizoraError, match="ici_bogus"):
+        user_setup("ici_bogus=2", WAN14, v5e16)
+    with pytest.raises(az.AoizoraError, match="not a permutation"):
+        user_setup({"candidate": "cfg2-uly8-fsdp", "order": [0] * 16}, WAN14, v5e16)
+    with pytest.raises(az.AoizoraError, match="'--xla_bad'"):
+        user_setup({"candidate": "cfg2-uly8-fsdp", "flags": "--xla_bad"}, WAN14, v5e16)
+
+
+# ----------------------------------------------------------------------------- scored
+
+
+@pytest.fixture(scope="module")
 def planned(host, tmp_path_factory):
     return plan(WORKLOAD, host, budget=300, cache_dir=tmp_path_factory.mktemp("cache"),
-                ir_cache_dir=False)
+                ir_cache_dir=False, compare="--ulysses_size 2 --ring_size 4")
 
 
-def _devices_to_order(devices, topology):
-    ids = [d.id for d in topology.devices]
-    return tuple(ids.index(d.id) for d in np.asarray(devices).ravel())
+@pytest.mark.slow
+def test_each_system_is_its_best_compiled_setup_among_its_best_estimates(planned):
+    assert [b.name for b in planned.baselines] == [*SYSTEMS, USER]
+    trials = planned.baselines.trials()
+    for outcome in planned.baselines:
+        tried = trials[trials["baseline"] == outcome.name]
+        priced = tried.dropna(subset=["total_s"])
+        assert outcome.status is Status.OK
+        assert outcome.plan.predicted.total_s == priced["total_s"].min()
+        assert tried["chosen"].sum() == 1
+        if outcome.name != USER:  # compiled: the best IR estimates; the rest say why not
+            skipped = tried[tried["reason"].str.startswith("not among")]
+            assert len(priced) <= 3
+            if len(skipped):
+                assert skipped["estimate_s"].min() >= priced["estimate_s"].max()
+    user = planned.baselines[USER]
+    assert user.setup.recipe == "xdit-usp: --ulysses_size 2 --ring_size 4"
+    assert user.plan.predicted == predict(planned.programs[(user.candidate.name, "default")],
+                                          user.plan.topology, user.placement)
 
 
-def test_every_baseline_is_reported_and_ablations_are_marked(planned):
-    assert [b.name for b in planned.baselines] == list(BASELINES)
-    assert {b.name for b in planned.baselines if b.ablation} == set(ABLATIONS)
-    assert {"maxdiffusion", "xdit-usp"}.isdisjoint(ABLATIONS)  # existing systems
-    frame = planned.baselines.to_frame()
-    assert list(frame["ablation"]) == [b.ablation for b in planned.baselines]
+@pytest.mark.slow
+def test_the_headline_is_made_of_the_prices_it_names(planned, host):
+    head, best = planned.headline, planned.best
+    systems = {o.name: o.plan.predicted.total_s for o in planned.baselines
+               if o.name in SYSTEMS}
+    assert head.systems == systems and USER not in head.systems
+    assert head.best_system == min(systems, key=systems.get)
+    assert head.vs_existing == pytest.approx(min(systems.values()) / best.predicted.total_s)
+    assert head.vs_existing >= 1 - 1e-12  # the plan is never slower than a system
+    plain = predict(best.program, host, plain_order(host)).total_s
+    assert head.placement_gain["plain"] == pytest.approx(plain / best.predicted.total_s)
+    library = make_mesh_order(best.candidate.mesh_shape, best.candidate.axis_names, host)
+    assert head.make_mesh_s == predict(best.program, host, library).total_s
+    in_plain = [predict(r.program, host, plain_order(host)).total_s
+                for r in planned.compiled.ok]
+    assert head.strategy_s == min(in_plain)
+    assert head.strategy_gain == pytest.approx(min(systems.values()) / min(in_plain))
+    frame = head.to_frame()
+    assert set(frame["measures"]) == {"vs existing systems", "placement gain",
+                                      "strategy gain"}
 
 
-def test_maxdiffusion_is_cfg_by_context_with_fsdp_in_create_device_mesh_order(planned, host):
-    outcome = planned.baselines["maxdiffusion"]
-    candidate = outcome.candidate
-    assert {a.role: a.size for a in candidate.axes} == {"cfg": 2, "context": 4}
-    assert candidate.fsdp
-    library = mesh_utils.create_device_mesh((2, 4), list(host.devices))
-    assert outcome.placement.order == _devices_to_order(library, host)
-
-
-def test_xdit_usp_is_the_best_ulysses_ring_split_in_plain_order(planned, host):
-    outcome = planned.baselines["xdit-usp"]
-    assert outcome.placement.order == tuple(range(8))
-    assert all(outcome.candidate.degree(r) == 1 for r in ("cfg", "context", "tp"))
-    # Against every Ulysses x ring split, traced afresh here: none has a lower estimate.
-    splits = [c for c in az.candidates.enumerate_candidates(WORKLOAD, host)
-              if all(c.degree(r) == 1 for r in ("cfg", "context", "tp"))]
-    assert outcome.candidate.name in {c.name for c in splits}
-    estimates = {c.name: estimate_ir(c, WORKLOAD, host, cache_dir=False).estimate_seconds
-                 for c in splits}
-    assert estimates[outcome.candidate.name] == min(estimates.values())
-
-
-def test_the_ablations_place_the_plan_and_the_topology_blind_pick(planned, host):
-    jax_default = planned.baselines["jax-default"]
-    assert jax_default.candidate == planned.searched.candidate
-    mesh = jax.make_mesh(jax_default.candidate.mesh_shape, jax_default.candidate.axis_names,
-                         devices=list(host.devices))
-    assert jax_default.placement.order == _devices_to_order(mesh.devices, host)
-    logical = planned.baselines["logical-only"]
-    assert logical.placement.order == tuple(range(8))
-    plain = {r.candidate.name: predict(r.program, host, plain_order(host)).total_s
-             for r in planned.compiled.ok}
-    assert plain[logical.candidate.name] == min(plain.values())
-
-
-def test_the_search_own_best_is_recorded_apart_from_the_plan(planned):
-    searched, best = planned.searched, planned.best
-    assert searched.predicted == planned.ranking[0].predicted
-    assert best.predicted.total_s <= searched.predicted.total_s
-    if best is not searched:  # a baseline won: it is one of the priced baselines
-        assert any(best is p for p in planned.baselines.plans.values())
-
-
+@pytest.mark.slow
 def test_a_builder_that_breaks_fails_the_plan_and_a_refusal_is_a_row(host, tmp_path,
                                                                      monkeypatch):
     def broken(*_, **__):
         raise RuntimeError("a bug in a builder")
 
-    monkeypatch.setattr(baselines, "maxdiffusion", broken)
+    monkeypatch.setattr(baselines, "xdit_setup", broken)
     with pytest.raises(RuntimeError, match="a bug in a builder"):
         plan(WORKLOAD, host, budget=100, cache_dir=tmp_path, ir_cache_dir=False)
 
     def refuses(*_, **__):
         raise az.AoizoraError("no such layout here")
 
-    monkeypatch.setattr(baselines, "maxdiffusion", refuses)
+    monkeypatch.setattr(baselines, "xdit_setup", refuses)
     result = plan(WORKLOAD, host, budget=100, cache_dir=tmp_path, ir_cache_dir=False)
-    outcome = result.baselines["maxdiffusion"]
+    outcome = result.baselines["xdit-usp"]
     assert outcome.status is Status.NOT_BUILT and outcome.plan is None
-    assert outcome.reason == "no such layout here"
-    assert "maxdiffusion" not in result.baselines.plans
+    assert "no such layout here" in outcome.reason
+    assert "xdit-usp" not in result.baselines.plans
+    assert math.isnan(result.headline.systems["xdit-usp"])
 
 
-def test_the_search_own_best_beats_every_baseline_on_a_small_case(planned):
-    # The claim itself, before any baseline could be substituted for the plan.
-    searched = planned.searched.predicted.total_s
-    for name, baseline in planned.baselines.plans.items():
-        assert searched <= baseline.predicted.total_s * (1 + 1e-12), name
-
-
-def test_the_search_finds_the_exhaustive_placement_optimum_of_a_compiled_program(planned,
-                                                                                  host):
-    import itertools
-
-    from aoizora_lab.placement import PlacementScorer, rank_placements
-
-    best = planned.searched
-    program = planned.programs[best.candidate.name]
-    scorer = PlacementScorer(program, host)
-    every = np.array(list(itertools.permutations(range(host.num_devices))))
-    optimum = scorer.scores(every).min()  # all 40,320 device orders of the 2x4 slice
-    found = rank_placements(program, best.candidate, host, budget=2_000)
-    least = min(scorer.score(np.array(r.placement.order)) for r in found)
-    assert least == pytest.approx(optimum, rel=1e-9)  # regret 0
-    plain = predict(program, host, plain_order(host)).total_s
-    assert plain / found[0].predicted.total_s >= 1 - 1e-12  # placement gain >= 1
+def test_library_orders_of_the_headline_match_the_libraries(v5e16):
+    shape, names = (2, 8), ("cfg", "ulysses")
+    with pytest.raises((ValueError, NotImplementedError)):
+        create_device_mesh_order(shape, v5e16, allow_split=False)
+    split = create_device_mesh_order(shape, v5e16)  # retried with the split allowed
+    library = mesh_utils.create_device_mesh(shape, list(v5e16.devices),
+                                            allow_split_physical_axes=True)
+    assert split.order == tuple(_library_order(library, v5e16).ravel())
+    try:
+        mesh = jax.make_mesh(shape, names, devices=list(v5e16.devices))
+    except ValueError:
+        with pytest.raises((ValueError, NotImplementedError)):
+            make_mesh_order(shape, names, v5e16)
+    else:
+        assert make_mesh_order(shape, names, v5e16).order == tuple(
+            _library_order(mesh.devices, v5e16).ravel())

@@ -54,7 +54,12 @@ def test_every_combination_is_considered_once(big):
     table = big[2]
     divisors = [d for d in range(1, 17) if 16 % d == 0]
     combos = [c for c in itertools.product(divisors, repeat=len(ROLES)) if math.prod(c) == 16]
-    assert len(table) == 2 * len(combos)  # fsdp off and on
+    with_cfg = [c for c in combos if c[ROLES.index("cfg")] > 1]
+    # fsdp off and on; with a cfg axis also fsdp over the sequence axes only (fsdpseq)
+    assert len(table) == 2 * len(combos) + len(with_cfg)
+    seq = table[~table["fsdp_over_cfg"]]
+    assert len(seq) == len(with_cfg) and (seq["cfg"] > 1).all() and seq["fsdp"].all()
+    assert seq["name"].str.endswith("-fsdpseq").all()
     assert table["name"].is_unique
     assert set(map(tuple, table[list(ROLES)].to_numpy())) == set(combos)
 
@@ -62,14 +67,14 @@ def test_every_combination_is_considered_once(big):
 def test_token_divisibility_and_padding():
     workload = az.Workload.preset("wan2.1-t2v-1.3b", "480p")  # 32,760 tokens: not / 16
     topology = az.Topology.from_name("v5e:4x4", deviceless=False)
-    strict = explain_candidates(workload, topology).to_frame().set_index("name")
+    strict = explain_candidates(workload, topology, allow_padding=False).to_frame()
+    strict = strict.set_index("name")
     assert not strict.loc["ctx16", "valid"]
     assert "32,760 tokens not divisible by sequence degree 16 (would pad 8)" in \
         strict.loc["ctx16", "reason"]
     assert strict.loc["cfg2-ctx8", "valid"]
-    padded = explain_candidates(workload, topology, allow_padding=True).to_frame()
-    padded = padded.set_index("name")
-    assert padded.loc["ctx16", "valid"]
+    padded = explain_candidates(workload, topology).to_frame().set_index("name")
+    assert padded.loc["ctx16", "valid"]  # padding is the default, as Wan and MaxDiffusion pad
 
 
 def test_host_devices_get_the_blockwise_backend():
@@ -118,3 +123,20 @@ def test_weight_bytes_per_device_match_real_shards(name):
     assert on_first == candidate.weight_bytes_per_device(cfg, jnp.float32)
     total = sum(np.prod(a.shape) * 4 for a in jax.tree.leaves(params))
     assert (on_first < total) == (candidate.fsdp or candidate.degree("tp") > 1)
+
+
+def test_fsdpseq_shards_weights_over_the_sequence_axes_only():
+    workload = az.Workload.preset("wan2.1-t2v-14b", "480p")
+    everywhere, sequence = (Candidate.from_name(n) for n in ("cfg2-ctx4-fsdp",
+                                                             "cfg2-ctx4-fsdpseq"))
+    assert not sequence.fsdp_over_cfg and sequence.fsdp_axes == ("context",)
+    assert everywhere.fsdp_axes == ("cfg", "context")
+    cfg = workload.config()
+    ratio = sequence.weight_bytes_per_device(cfg) / everywhere.weight_bytes_per_device(cfg)
+    assert 1.9 < ratio <= 2.0  # half the shards (norms and biases may stay replicated)
+    assert sequence.plan().fsdp_axes == ("context",)
+    # Without a cfg axis the two are one program, so one name.
+    assert Candidate.from_degrees({"context": 8}, fsdp=True, fsdp_over_cfg=False).name == \
+        "ctx8-fsdp"
+    with pytest.raises(az.AoizoraError, match="needs a cfg axis"):
+        Candidate.from_name("ctx8-fsdpseq")

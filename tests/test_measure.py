@@ -100,12 +100,12 @@ def test_compare_plans_times_plans_in_rounds_beside_their_predictions(host_slice
 def test_planned_plans_are_timed_and_ranked_against_their_predictions(planned):
     plans = measure.plans_to_compare(planned, top=2)
     labels = " ".join(plans)
-    assert "rank 1" in labels and "maxdiffusion" in labels and "aoizora-lab" in labels
+    assert "rank 1" in labels and "maxdiffusion-default" in labels and "aoizora-lab" in labels
     scored = set(planned.baselines.plans)
-    assert {"maxdiffusion", "jax-default", "logical-only"} <= scored
+    assert {"maxdiffusion-default", "maxdiffusion-best", "xdit-usp"} <= scored
     assert all(name in labels for name in scored)
-    orders = [(p.candidate.name, p.placement.order) for p in plans.values()]
-    assert len(orders) == len(set(orders))  # each (candidate, placement) once
+    orders = [(p.candidate.name, p.flags.label, p.placement.order) for p in plans.values()]
+    assert len(orders) == len(set(orders))  # each (candidate, flags, placement) once
 
     _timing_is_consistent(measure.time_plan(planned.best, steps=3, warmup=1), 3)
 

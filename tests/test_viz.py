@@ -528,7 +528,7 @@ def _ranked(topo):
     entries = [RankedPlacement(candidate, Placement(_placement(topo, seed).order, same),
                                Predicted(1.0, 0.1 * seed, 1.0 + 0.1 * seed), Source.LOCAL_SEARCH)
                for seed in range(3)]
-    return entries, {candidate.name: program}
+    return entries, {(candidate.name, "default"): program}
 
 
 def test_ranking_views_give_each_ranked_placement_its_own_estimate():
@@ -544,7 +544,8 @@ def test_ranking_views_give_each_ranked_placement_its_own_estimate():
     first = next(iter(users.values()))
     link, pairs = next(iter(first.items()))
     assert sum(b for _, b in pairs) == pytest.approx(views[next(iter(views))][link])
-    with pytest.raises(az.AoizoraError, match="No compiled program for 'cfg2-uly8'"):
+    with pytest.raises(az.AoizoraError,
+                       match="No compiled program for \\('cfg2-uly8', 'default'\\)"):
         viz.ranking_views(entries, {}, topo)
 
 

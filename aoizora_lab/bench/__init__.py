@@ -141,7 +141,9 @@ def run_all(*, quick: bool = False, out: str | Path = "reports/benchmarks.md",
     report = ReportFile(out, command=command, keep=True)
     if "plan-quality" in chosen:
         report.add(plan_quality(quality_matrix, num_layers=layers, cache_dir=cache_dir,
-                                progress=progress).markdown())
+                                progress=progress,
+                                on_case=lambda partial: report.add(partial.markdown())
+                                ).markdown())
     if "search-cost" in chosen:
         report.add(search_cost(search_matrix, num_layers=layers, exhaustive=not skip_exhaustive,
                                progress=progress).markdown())

@@ -252,9 +252,10 @@ def plans_to_compare(result: PlanResult, *, top: int = 3,
     """The ``top`` ranked (candidate, placement) pairs and every scored baseline, by name.
 
     Names are ``"rank 1: cfg2-ctx4 | cfg on x:2 | context on y:4"`` and
-    ``"maxdiffusion: cfg2-ctx4-fsdp | mesh_utils.create_device_mesh"``; a plan that is the
-    same candidate on the same placement as an earlier one is listed once, its labels joined
-    with ``" = "`` (``"rank 1 = aoizora-lab = jax-default: ..."``). Baselines that were not
+    ``"maxdiffusion-best: cfg2-ctx4-fsdpseq | mesh_utils.create_device_mesh"`` (with
+    ``+flags`` where compiled with other than the default flags); a plan that is the same
+    candidate with the same flags on the same placement as an earlier one is listed once, its
+    labels joined with ``" = "`` (``"rank 1 = aoizora-lab: ..."``). Baselines that were not
     built or did not compile are skipped. With ``topology`` (the live slice, when the plan
     was made deviceless) every plan is :func:`retarget`-ed onto it.
     """
@@ -263,19 +264,28 @@ def plans_to_compare(result: PlanResult, *, top: int = 3,
     workload, planned = best.workload, best.topology
     entries: list[tuple[list[str], Plan]] = []
 
+    def identity(plan: Plan) -> tuple[str, str, tuple[int, ...]]:
+        return plan.candidate.name, plan.flags.label, plan.placement.order
+
     def add(label: str, plan: Plan) -> None:
         for labels, known in entries:
-            if (known.candidate.name, known.placement.order) == (plan.candidate.name,
-                                                                 plan.placement.order):
+            if identity(known) == identity(plan):
                 labels.append(label)
                 return
         entries.append(([label], plan))
 
     for rank, entry in enumerate(result.ranking[:top], start=1):
         add(f"rank {rank}", Plan(workload, planned, entry.candidate, entry.placement,
-                                 entry.predicted, result.programs.get(entry.candidate.name)))
+                                 entry.predicted,
+                                 result.programs.get((entry.candidate.name, entry.flags.label)),
+                                 flags=entry.flags))
     add("aoizora-lab", best)
     for name, baseline in result.baseline_plans.items():
         add(name, baseline)
-    return {f"{' = '.join(labels)}: {plan.candidate.name} | {plan.placement.description}":
+
+    def label(plan: Plan) -> str:
+        flags = f"+{plan.flags.label}" if plan.flags.args else ""
+        return f"{plan.candidate.name}{flags} | {plan.placement.description}"
+
+    return {f"{' = '.join(labels)}: {label(plan)}":
             plan if topology is None else retarget(plan, topology) for labels, plan in entries}

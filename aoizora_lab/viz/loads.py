@@ -133,7 +133,7 @@ def heaviest_collective_views(
 
 def ranking_views(
     entries: Iterable[RankedPlacement],
-    programs: Mapping[str, CommProgram],
+    programs: Mapping[tuple[str, str], CommProgram],
     topology: Topology,
     *,
     width: int = 60,
@@ -141,8 +141,9 @@ def ranking_views(
     """One view per ranked placement: its program's link bytes and the collectives per link.
 
     ``entries`` are :class:`~aoizora_lab.placement.RankedPlacement` values (e.g.
-    ``result.ranking[:4]``), ``programs`` the compiled program of each candidate by name
-    (``PlanResult.programs``). Views are labelled ``"#rank candidate · placement"`` (the
+    ``result.ranking[:4]``), ``programs`` the compiled program of each candidate by
+    ``(name, flags label)`` (``PlanResult.programs``). Views are labelled ``"#rank candidate ·
+    placement"`` (candidate with ``+flags`` where not the compiler's defaults; the
     placement's description cut to ``width`` characters), so two placements never share a
     label. Returns ``(views, collectives_by_view)`` for
     :func:`~aoizora_lab.viz.heatmap_explorer_figure`.
@@ -150,7 +151,7 @@ def ranking_views(
     views: dict[str, np.ndarray] = {}
     users: dict[str, CollectivesByLink] = {}
     for rank, entry in enumerate(entries, start=1):
-        name = f"#{rank} {entry.candidate.name} · {entry.placement.description[:width]}"
+        name = f"#{rank} {_compiled_name(entry)} · {entry.placement.description[:width]}"
         views[name], users[name] = link_bytes_by_collective(
             _program(programs, entry), topology, entry.placement)
     return views, users
@@ -158,7 +159,7 @@ def ranking_views(
 
 def ranking_collective_views(
     entries: Iterable[RankedPlacement],
-    programs: Mapping[str, CommProgram],
+    programs: Mapping[tuple[str, str], CommProgram],
     topology: Topology,
     *,
     collectives: int = 6,
@@ -176,16 +177,23 @@ def ranking_collective_views(
         loads = collective_views(_program(programs, entry), topology, entry.placement)
         label = f"#{rank} {entry.placement.description[:width]}"
         for collective, data in list(loads.items())[:collectives]:
-            views[(entry.candidate.name, label, collective)] = data
+            views[(_compiled_name(entry), label, collective)] = data
     return views
 
 
-def _program(programs: Mapping[str, Any], entry: Any) -> Any:
+def _compiled_name(entry: Any) -> str:
+    """``cfg2-uly8``, or ``cfg2-uly8+maxdiffusion-ulysses`` when compiled with flags."""
+    label = entry.flags.label
+    return entry.candidate.name + ("" if label == "default" else f"+{label}")
+
+
+def _program(programs: Mapping[tuple[str, str], Any], entry: Any) -> Any:
+    key = (entry.candidate.name, entry.flags.label)
     try:
-        return programs[entry.candidate.name]
+        return programs[key]
     except KeyError:
         raise AoizoraError(
-            f"No compiled program for {entry.candidate.name!r}; programs: {sorted(programs)} "
+            f"No compiled program for {key!r}; programs: {sorted(programs)} "
             "(pass PlanResult.programs with entries of PlanResult.ranking).") from None
 
 
