@@ -286,7 +286,7 @@ def user_setup(spec: Any, workload: Workload, topology: Topology) -> Setup:
     """
     if isinstance(spec, Setup):
         return spec
-    keys = _spec_keys(spec)
+    keys = setup_keys(spec)
     if "candidate" in keys:
         extra = set(keys) - {"candidate", "order", "flags"}
         if extra:
@@ -329,8 +329,10 @@ def _ints(values: Any) -> list[int]:
                            "[0, 1, 4, 5, 2, 3, 6, 7].") from None
 
 
-def _spec_keys(spec: Any) -> dict[str, Any]:
-    """A mapping, or a string of ``key=value`` words / ``--flag value`` words, as keys."""
+def setup_keys(spec: Any) -> dict[str, Any]:
+    """A setup's keys from a mapping or a string of ``key=value`` / ``--flag value`` /
+    ``--flag`` words: ``"ici_data_parallelism=2 attention=flash"`` -> ``{"ici_data_parallelism":
+    2, "attention": "flash"}`` (numbers and true / false read as such)."""
     if isinstance(spec, Mapping):
         return {str(k).lstrip("-"): v for k, v in spec.items()}
     if not isinstance(spec, str) or not spec.strip():

@@ -65,8 +65,12 @@ _KINDS = {
     "reduce-scatter": "reduce-scatter", "all-to-all": "all-to-all",
     "collective-permute": "collective-permute",
     "collective-permute-start": "collective-permute",
+    "all-to-all-start": "all-to-all",
 }
-_SECOND_OF_TUPLE = {"all-gather-start", "collective-permute-start"}
+_SECOND_OF_TUPLE = {"all-gather-start", "collective-permute-start", "all-to-all-start"}
+"""Start ops whose result tuple is (operands, results, ...): the bytes are the second
+element's (``all-to-all-start``, with ``--xla_tpu_enable_async_all_to_all``, returns
+``((operand), result, u32[], u32[])``)."""
 _BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4,
           "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16,
           "f8e4m3fn": 1, "f8e5m2": 1, "s4": 0.5, "u4": 0.5}
@@ -486,12 +490,33 @@ def _collective_schedule(computations: dict[str, list[_Instruction]], name: str
 
 
 def _result_bytes(ins: _Instruction) -> float:
-    arrays = [(dtype, dims) for dtype, dims in _ARRAY.findall(ins.type) if dtype in _BYTES]
-    sizes = [_BYTES[dtype] * math.prod(int(d) for d in dims.split(",") if d)
-             for dtype, dims in arrays]
-    if ins.op in _SECOND_OF_TUPLE and len(sizes) >= 2:
-        return float(sizes[1])
-    return float(sum(sizes))
+    text = ins.type
+    if ins.op in _SECOND_OF_TUPLE:
+        parts = _tuple_parts(text)
+        text = parts[1] if len(parts) >= 2 else text
+    arrays = [(dtype, dims) for dtype, dims in _ARRAY.findall(text) if dtype in _BYTES]
+    return float(sum(_BYTES[dtype] * math.prod(int(d) for d in dims.split(",") if d)
+                     for dtype, dims in arrays))
+
+
+def _tuple_parts(text: str) -> list[str]:
+    """The top-level elements of a tuple type ``(a, (b, c), d)`` (``[text]`` if not one)."""
+    text = text.strip()
+    if not text.startswith("("):
+        return [text]
+    parts, depth, start = [], 0, 1
+    for i, char in enumerate(text):
+        if char in "([{":
+            depth += 1
+        elif char in ")]}":
+            depth -= 1
+            if depth == 0:
+                parts.append(text[start:i])
+                break
+        elif char == "," and depth == 1:
+            parts.append(text[start:i])
+            start = i + 1
+    return [p.strip() for p in parts]
 
 
 def _pairs(rest: str) -> list[tuple[int, int]]:

@@ -5,9 +5,11 @@
 
 Every published TPU number found for this workbench's questions (scaling-book collectives,
 MaxDiffusion's Wan runs) is rebuilt as what the pipeline models: a lone ``Collective`` on a
-``Topology`` priced by :func:`aoizora_lab.cost.comm_seconds`, or a case + candidate +
-MaxDiffusion's device order compiled deviceless (:func:`aoizora_lab.compile.compile_candidates`,
-cached) and priced by :func:`aoizora_lab.cost.predict`. Published whole generations (DiT steps +
+``Topology`` priced by :func:`aoizora_lab.cost.comm_seconds`, or a case + MaxDiffusion's config
+keys built as MaxDiffusion builds them (:func:`aoizora_lab.baselines.maxdiffusion_setup`: its
+candidate, device order and recipe's compiler flags), compiled deviceless
+(:func:`aoizora_lab.compile.compile_candidates`, cached) and priced by
+:func:`aoizora_lab.cost.predict`. Published whole generations (DiT steps +
 text encoding + VAE decoding) are compared as ratios and differences of two runs, never as
 absolute times (see :data:`ACCOUNTING`). A setup the pipeline cannot rebuild yet is a row that
 says why. The script prints the tables and writes its section of ``reports/benchmarks.md``
@@ -130,12 +132,15 @@ GATHERS: tuple[GatherMeasurement, ...] = (
 
 @dataclass(frozen=True)
 class Run:
-    """One published run as the pipeline rebuilds it: a case and a candidate, on the device
-    order MaxDiffusion builds (``mesh_utils.create_device_mesh`` of its mesh)."""
+    """One published run as the pipeline rebuilds it: a case and MaxDiffusion's config keys,
+    built by :func:`aoizora_lab.baselines.maxdiffusion_setup` (its candidate, its
+    ``create_device_mesh`` order and its recipe's compiler flags)."""
 
     label: str
     case: str
-    candidate: str
+    recipe: str
+    """MaxDiffusion config keys, e.g. ``ici_data_parallelism=2 ici_context_parallelism=4
+    attention=flash``."""
     steps: int
     published_s: float
 
@@ -163,10 +168,14 @@ class RunPair:
 V6E_720P = "wan2.1-t2v-14b@1280x720x81/v6e:2x4"
 V7X8_720P = "wan2.1-t2v-14b@1280x720x81/tpu7x:2x2x1"  # v7x-8: 4 chips, 8 devices
 V7X16_720P = "wan2.1-t2v-14b@1280x720x81/tpu7x:2x2x2"  # v7x-16: 8 chips, 16 devices
-FLASH4, ULYSSES4, RING4 = "cfg2-ctx4-fsdp", "cfg2-uly4-fsdp", "cfg2-ring4-fsdp"
-FLASH8, RING8 = "cfg2-ctx8-fsdp", "cfg2-ring8-fsdp"
 # MaxDiffusion's "flash" (and Tokamax flash) = our context role: queries sharded, K/V gathered;
 # dp=2 carries the CFG passes; weights sharded over context (fsdp=1 in MaxDiffusion's naming).
+# Its ring runs were Tokamax ring (plain "ring" is no registered kernel).
+_DP2 = "ici_data_parallelism=2 ici_fsdp_parallelism=1 ici_tensor_parallelism=1"
+FLASH4, ULYSSES4, RING4 = (f"{_DP2} ici_context_parallelism=4 attention={kernel}"
+                           for kernel in ("flash", "ulysses", "tokamax_ring"))
+FLASH8, RING8 = (f"{_DP2} ici_context_parallelism=8 attention={kernel}"
+                 for kernel in ("flash", "tokamax_ring"))
 # README "~10 % / ~20 s": ~10 % of the flash time saved, so flash / Ulysses = 1 / (1 - 0.10).
 README_ULYSSES_SAVING = 0.10
 README_ULYSSES_SECONDS = 20.0
@@ -343,6 +352,10 @@ class RunPrediction:
     predicted: Predicted | None = None
     placement: str = ""
     reason: str = ""
+    candidate: str = ""
+    """The candidate MaxDiffusion's keys build."""
+    flags: str = ""
+    """The compiler flag set its recipe sets."""
     attention_s: float = 0.0
     """Its attention kernels' time at efficiency 1 (``measure.compute_terms``)."""
     fixed_s: float = 0.0
@@ -350,58 +363,66 @@ class RunPrediction:
 
 
 Predictor = Callable[[Iterable[tuple[str, str]]], Mapping[tuple[str, str], RunPrediction]]
-"""Predicts (case, candidate) pairs: compiles and prices them (or says why not)."""
+"""Predicts (case, recipe) pairs: compiles and prices them (or says why not)."""
 
 
 def compiling_predictor(*, num_layers: int | None = 2, cache_dir: str | Path | None = None,
                         workers: int = 2, progress: Callable[[str], None] | None = None,
                         compute_model: str | None = None) -> Predictor:
-    """Compile each case's candidates deviceless (cached; ``num_layers`` folded like the
-    planner) and price them with :func:`aoizora_lab.cost.predict` on the order
-    ``mesh_utils.create_device_mesh`` gives MaxDiffusion's mesh."""
-    from aoizora_lab.candidates import Candidate, default_attention
+    """Build each run's MaxDiffusion setup, compile its candidate deviceless with its recipe's
+    flags (cached; ``num_layers`` folded like the planner) and price it with
+    :func:`aoizora_lab.cost.predict` on the order ``mesh_utils.create_device_mesh`` gives
+    MaxDiffusion's mesh."""
+    from aoizora_lab.baselines import maxdiffusion_setup, setup_keys
     from aoizora_lab.compile import compile_candidates
     from aoizora_lab.cost import predict
     from aoizora_lab.measure.calibration import compute_terms
-    from aoizora_lab.placement import create_device_mesh_order
 
     def run(runs: Iterable[tuple[str, str]]) -> dict[tuple[str, str], RunPrediction]:
         by_case: dict[str, list[str]] = {}
-        for case, candidate in runs:
-            by_case.setdefault(case, []).append(candidate)
+        for case, recipe in runs:
+            by_case.setdefault(case, []).append(recipe)
         out: dict[tuple[str, str], RunPrediction] = {}
-        for spec, names in by_case.items():
+        for spec, recipes in by_case.items():
             reason = missing_generation(spec)
+            compiled = {}
             if reason is None:
                 try:
                     case = parse_case(spec)
                     topology = case.topology()
-                    candidates = [Candidate.from_name(n, attention=default_attention(topology))
-                                  for n in names]
-                    if progress:
-                        progress(f"published: compiling {', '.join(names)} for {spec}")
-                    with cf.ThreadPoolExecutor(workers) as pool:
-                        compiles = compile_candidates(candidates, case.workload, topology,
-                                                      executor=pool, cache_dir=cache_dir,
-                                                      num_layers=num_layers)
+                    setups = {r: maxdiffusion_setup(case.workload, topology, **setup_keys(r))
+                              for r in recipes}
+                    for flags in {s.flags.label: s.flags for s in setups.values()}.values():
+                        same = [r for r, s in setups.items() if s.flags == flags]
+                        if progress:
+                            progress(f"published: compiling {len(same)} runs with {flags.label}"
+                                     f" flags for {spec}")
+                        with cf.ThreadPoolExecutor(workers) as pool:
+                            results = compile_candidates(
+                                [setups[r].candidate for r in same], case.workload, topology,
+                                executor=pool, cache_dir=cache_dir, num_layers=num_layers,
+                                flags=flags)
+                        compiled |= dict(zip(same, results, strict=True))
                 except Exception as err:  # a case that cannot be built is a row
                     reason = f"not modelled: {error_status(err)}"
-            for i, name in enumerate(names):
+            for recipe in recipes:
                 if reason is not None:
-                    out[(spec, name)] = RunPrediction(reason=reason)
+                    out[(spec, recipe)] = RunPrediction(reason=reason)
                     continue
-                result = compiles[i]
+                result, setup = compiled[recipe], setups[recipe]
+                named = {"candidate": setup.candidate.name, "flags": setup.flags.label}
                 if result.status != "ok":
-                    out[(spec, name)] = RunPrediction(
-                        reason=f"not compiled: {result.status}: {result.message[:160]}")
+                    out[(spec, recipe)] = RunPrediction(
+                        reason=f"not compiled: {result.status}: {result.message[:160]}",
+                        **named)
                     continue
-                placement = create_device_mesh_order(result.candidate.mesh_shape, topology)
-                terms = compute_terms(result.program, topology, placement,
+                terms = compute_terms(result.program, topology, setup.placement,
                                       compute_model=compute_model)
-                out[(spec, name)] = RunPrediction(
-                    predict(result.program, topology, placement, compute_model=compute_model),
-                    placement.description,
-                    attention_s=terms["attention"], fixed_s=terms["fixed_s"])
+                out[(spec, recipe)] = RunPrediction(
+                    predict(result.program, topology, setup.placement,
+                            compute_model=compute_model),
+                    setup.placement.description,
+                    attention_s=terms["attention"], fixed_s=terms["fixed_s"], **named)
         return out
 
     return run
@@ -411,7 +432,8 @@ def run_row(pair: RunPair, run: Run, prediction: RunPrediction) -> dict[str, Any
     """One side of a pair: the rebuilt run, its predicted step (compute, exposed comm) and
     the non-DiT time its prediction leaves."""
     row: dict[str, Any] = {"measurement": pair.key, "run": run.label, "case": run.case,
-                           "candidate": run.candidate, "placement": prediction.placement,
+                           "recipe": run.recipe, "candidate": prediction.candidate,
+                           "flags": prediction.flags, "placement": prediction.placement,
                            "steps": run.steps, "published_s": run.published_s}
     p = prediction.predicted
     if p is None:
@@ -442,8 +464,8 @@ def pair_rows(pair: RunPair, predictions: Mapping[tuple[str, str], RunPrediction
     if pair.difference:
         compared.append((f"{pair.a.label} - {pair.b.label} DiT seconds",
                          pair.a.published_s - pair.b.published_s, False))
-    a = predictions.get((pair.a.case, pair.a.candidate), RunPrediction())
-    b = predictions.get((pair.b.case, pair.b.candidate), RunPrediction())
+    a = predictions.get((pair.a.case, pair.a.recipe), RunPrediction())
+    b = predictions.get((pair.b.case, pair.b.recipe), RunPrediction())
     if pair.not_modelled or a.predicted is None or b.predicted is None:
         status = (f"not modelled: {pair.not_modelled}" if pair.not_modelled
                   else a.reason or b.reason or "not modelled: no prediction")
@@ -485,9 +507,11 @@ class PublishedCheck:
             "lone `Collective` on the libtpu slice, logical axes on the physical axes the "
             f"book names, priced by `cost.comm_seconds` ([source]({BOOK})). Wan runs: "
             f"MaxDiffusion's setups ([PR #376]({PR_376}), [README at 7cfb880]({README})) as "
-            "case + candidate (flash = `context`, K/V gathered; Ulysses = `ulysses`; ring = "
-            "`ring`; dp 2 = `cfg`; weights sharded over the sequence axis = `fsdp`), "
-            "compiled deviceless by libtpu, placed in MaxDiffusion's own device order "
+            "its config keys (`recipe`), built by `baselines.maxdiffusion_setup` (flash = "
+            "`context`, K/V gathered; Ulysses = `ulysses`; Tokamax ring = `ring`; dp 2 = "
+            "`cfg`; weights sharded over the context axis only = `fsdpseq`), compiled "
+            "deviceless by libtpu with the README's `LIBTPU_INIT_ARGS` for the kernel "
+            "(`flags`), placed in MaxDiffusion's own device order "
             "(`mesh_utils.create_device_mesh`) and priced by `cost.predict`. Wan2.2 A14B "
             "experts have Wan 2.1 14B's shape, so `wan2.1-t2v-14b` stands in; the I2V "
             "expert's patch embedding takes 36 channels instead of 16 and it has no CLIP "
@@ -521,7 +545,7 @@ def published_check(predictor: Predictor, *, gathers: Iterable[GatherMeasurement
     """Compare every published figure with its prediction: the all-gathers directly, the
     runs through ``predictor`` (e.g. :func:`compiling_predictor`) as ratios and differences."""
     pairs = list(pairs)
-    wanted = [(run.case, run.candidate) for p in pairs if not p.not_modelled
+    wanted = [(run.case, run.recipe) for p in pairs if not p.not_modelled
               for run in (p.a, p.b)]
     predictions = predictor(list(dict.fromkeys(wanted)))
     rows = gather_rows(gathers, topology_of)
@@ -529,11 +553,12 @@ def published_check(predictor: Predictor, *, gathers: Iterable[GatherMeasurement
     for pair in pairs:
         rows += pair_rows(pair, predictions)
         if not pair.not_modelled:
-            run_rows += [run_row(pair, run, predictions[(run.case, run.candidate)])
+            run_rows += [run_row(pair, run, predictions[(run.case, run.recipe)])
                          for run in (pair.a, pair.b)]
     comparisons = pd.DataFrame(rows)
     runs = pd.DataFrame(run_rows).reindex(columns=[
-        "measurement", "run", "case", "candidate", "placement", "status", "steps",
+        "measurement", "run", "case", "recipe", "candidate", "flags", "placement", "status",
+        "steps",
         "published_s", "compute_s", "comm_s", "exposed_comm_s", "step_s", "dit_s",
         "implied_non_dit_s", "attention_efficiency_floor"])
     return PublishedCheck(comparisons, runs, published_targets(comparisons), config or {})

@@ -110,3 +110,47 @@ def test_a_dask_cluster_executor_runs_the_sweep(host, tmp_path):
     assert [r.status for r in results] == ["ok", "ok", "ok"]
     again = compile_candidates(_candidates(), WORKLOAD, host, cache_dir=tmp_path)
     assert all(r.cached for r in again)  # the workers wrote the shared cache
+
+
+@pytest.mark.slow
+def test_compiler_flags_reach_the_compiler_and_key_the_cache(tmp_path, monkeypatch):
+    topology = az.Topology.from_name("v5e:2x2", deviceless=True)
+    candidate = Candidate.from_name("uly4", attention="blockwise")
+    # The environment's own flags never leak into a compile (the cache key lists them all).
+    monkeypatch.setenv("LIBTPU_INIT_ARGS", "--xla_tpu_bogus_env_flag=true")
+    [plain] = compile_candidates([candidate], WORKLOAD, topology, cache_dir=tmp_path)
+    [tuned] = compile_candidates([candidate], WORKLOAD, topology, cache_dir=tmp_path,
+                                 flags="maxdiffusion-ulysses")
+    [bogus] = compile_candidates([candidate], WORKLOAD, topology, cache_dir=tmp_path,
+                                 flags="--xla_tpu_bogus_flag=true")
+    assert plain.status == tuned.status == "ok", (plain.message, tuned.message)
+    assert bogus.status == "error" and "xla_tpu_bogus_flag" in bogus.message
+    assert (plain.flags.label, tuned.flags.label) == ("default", "maxdiffusion-ulysses")
+    assert plain.hlo_path.parent != tuned.hlo_path.parent  # one cache entry per flag set
+    # --xla_tpu_enable_async_all_to_all: the compiler starts the all-to-alls asynchronously;
+    # they are read as the same transfers, now asynchronous.
+    assert "all-to-all-start(" not in plain.hlo_text
+    assert "all-to-all-start(" in tuned.hlo_text
+
+    def all_to_alls(result):
+        return sorted((c.bytes, c.count, site.asynchronous) for c, site in
+                      zip(result.program.collectives, result.program.sites, strict=True)
+                      if c.kind == "all-to-all")
+
+    assert [(b, n) for b, n, _ in all_to_alls(plain)] == [
+        (b, n) for b, n, _ in all_to_alls(tuned)]
+    assert not any(a for *_, a in all_to_alls(plain))
+    assert any(a for *_, a in all_to_alls(tuned))
+
+
+def test_flags_are_checked_before_anything_compiles():
+    from aoizora_lab.compile import FLAG_SETS, compiler_flags
+
+    assert compiler_flags(None) is FLAG_SETS["default"]
+    assert compiler_flags(FLAG_SETS["maxdiffusion-wan"].args) is FLAG_SETS["maxdiffusion-wan"]
+    custom = compiler_flags(" --xla_a=true   --xla_b=1 ")
+    assert custom.name == "custom" and custom.options == {"xla_a": "true", "xla_b": "1"}
+    with pytest.raises(az.AoizoraError, match=r"'xla_a=true' .* is not '--name=value'"):
+        compiler_flags("--xla_b=1 xla_a=true")
+    with pytest.raises(az.AoizoraError, match="'fast'"):
+        compiler_flags("fast")

@@ -44,3 +44,26 @@ def test_a_plan_moves_between_device_numberings_by_chip_coordinates(tmp_path, sl
     moved_path = tmp_path / "moved.json"
     moved.to_json(moved_path)
     assert Plan.from_json(moved_path, saved_on).placement.order == order
+
+
+def test_a_plan_file_carries_its_compiler_flags(tmp_path):
+    from aoizora_lab.compile import FLAG_SETS
+
+    topology = az.Topology.from_name("v5e:2x4", deviceless=True)
+    plan = Plan(az.Workload.preset("wan2.1-t2v-14b", "480p"), topology,
+                Candidate.from_name("cfg2-uly4-fsdpseq"), Placement(tuple(range(8)), "plain"),
+                Predicted(1.0, 0.5, 1.25), flags=FLAG_SETS["maxdiffusion-ulysses"])
+    plan.to_json(tmp_path / "plan.json")
+    payload = (tmp_path / "plan.json").read_text()
+    assert "--xla_tpu_enable_async_all_to_all=true" in payload
+    loaded = Plan.from_json(tmp_path / "plan.json", topology)
+    assert loaded.flags == FLAG_SETS["maxdiffusion-ulysses"]
+    assert loaded.candidate.name == "cfg2-uly4-fsdpseq" and not loaded.candidate.fsdp_over_cfg
+    # A plan with the compiler's defaults writes no flags, and one without flags loads so.
+    dataclasses.replace(plan, flags=FLAG_SETS["default"]).to_json(tmp_path / "bare.json")
+    assert "libtpu_init_args" not in (tmp_path / "bare.json").read_text()
+    assert Plan.from_json(tmp_path / "bare.json", topology).flags == FLAG_SETS["default"]
+    (tmp_path / "bad.json").write_text(payload.replace("--xla_tpu_enable_async_all_to_all",
+                                                       "xla_oops"))
+    with pytest.raises(az.AoizoraError, match="xla_oops"):
+        Plan.from_json(tmp_path / "bad.json", topology)

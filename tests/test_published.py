@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 
 import aoizora_lab as az
-from aoizora_lab.baselines import maxdiffusion
+from aoizora_lab.baselines import maxdiffusion_setup, setup_keys
 from aoizora_lab.cases import parse_case
 from aoizora_lab.cost import Predicted
 
@@ -85,14 +85,14 @@ def _fake_predictor(step_of):
 
 def test_pairs_compare_ratio_of_steps_and_difference_over_the_steps():
     pair = published.PAIRS[0]
-    steps = {pair.a.candidate: 3.0, pair.b.candidate: 2.5}
-    predictions = _fake_predictor(steps)([(r.case, r.candidate) for r in (pair.a, pair.b)])
+    steps = {pair.a.recipe: 3.0, pair.b.recipe: 2.5}
+    predictions = _fake_predictor(steps)([(r.case, r.recipe) for r in (pair.a, pair.b)])
     ratio, difference = published.pair_rows(pair, predictions)
     assert ratio["predicted"] == pytest.approx(3.0 / 2.5)
     assert ratio["published"] == pytest.approx(pair.a.published_s / pair.b.published_s)
     assert difference["predicted"] == pytest.approx(pair.a.steps * 0.5)
     assert difference["published"] == pytest.approx(pair.a.published_s - pair.b.published_s)
-    side = published.run_row(pair, pair.a, predictions[(pair.a.case, pair.a.candidate)])
+    side = published.run_row(pair, pair.a, predictions[(pair.a.case, pair.a.recipe)])
     assert side["exposed_comm_s"] == pytest.approx(3.0 - 0.8 * 3.0)
     assert side["implied_non_dit_s"] == pytest.approx(pair.a.published_s - pair.a.steps * 3.0)
 
@@ -108,7 +108,7 @@ def test_the_attention_floor_is_the_efficiency_that_fills_the_published_time():
 
 
 def test_compute_models_are_compared_on_the_same_ratio_rows():
-    candidates = sorted({r.candidate for p in published.PAIRS for r in (p.a, p.b)})
+    candidates = sorted({r.recipe for p in published.PAIRS for r in (p.a, p.b)})
     checks = {model: published.published_check(
         _fake_predictor({c: 1.0 + (i + 1) * scale for i, c in enumerate(candidates)}),
         gathers=[], topology_of=simulated) for model, scale in (("a", 0.1), ("b", 0.01))}
@@ -125,9 +125,9 @@ def test_a_missing_generation_is_found_when_called_and_becomes_the_rows_reason()
     assert published.missing_generation("wan2.1-t2v-14b@1280x720x81/v6e:2x4") is None
     reason = published.missing_generation("wan2.1-t2v-14b@1280x720x81/v99:2x2")
     assert reason.startswith("not modelled yet: v99 generation missing")
-    run = published.Run("a", "wan2.1-t2v-14b@1280x720x81/v99:2x2", "cfg2-ctx2", 40, 100.0)
+    run = published.Run("a", "wan2.1-t2v-14b@1280x720x81/v99:2x2", published.FLASH4, 40, 100.0)
     pair = published.RunPair("k", "src", "what", run, dataclasses.replace(run, label="b"))
-    rows = published.pair_rows(pair, {(run.case, run.candidate):
+    rows = published.pair_rows(pair, {(run.case, run.recipe):
                                       published.RunPrediction(reason=reason)})
     assert [r["status"] for r in rows] == [reason, reason]
     assert all(math.isnan(r["predicted"]) for r in rows)
@@ -135,7 +135,7 @@ def test_a_missing_generation_is_found_when_called_and_becomes_the_rows_reason()
 
 def test_check_counts_only_modelled_ratios_toward_the_target():
     step_of = {c: 1.0 + i / 10 for i, c in enumerate(
-        sorted({r.candidate for p in published.PAIRS for r in (p.a, p.b)}))}
+        sorted({r.recipe for p in published.PAIRS for r in (p.a, p.b)}))}
     result = published.published_check(_fake_predictor(step_of), gathers=[],
                                         topology_of=simulated)
     ratios = result.comparisons[result.comparisons["compared"].str.endswith("ratio")]
@@ -147,7 +147,16 @@ def test_check_counts_only_modelled_ratios_toward_the_target():
     assert published.SECTION in result.markdown()
 
 
-def test_flash_runs_are_what_the_maxdiffusion_baseline_builds():
+def test_the_published_runs_are_built_as_maxdiffusion_builds_them():
     case = parse_case(published.V6E_720P)
-    candidate, _ = maxdiffusion(case.workload, case.topology())
-    assert candidate.name == published.FLASH4
+    workload, topology = case.workload, case.topology()
+    built = {r: maxdiffusion_setup(workload, topology, **setup_keys(r))
+             for r in (published.FLASH4, published.ULYSSES4, published.RING4)}
+    # PR #376's dp 2 x context 4: CFG on data, weights over context only.
+    assert {r: s.candidate.name for r, s in built.items()} == {
+        published.FLASH4: "cfg2-ctx4-fsdpseq", published.ULYSSES4: "cfg2-uly4-fsdpseq",
+        published.RING4: "cfg2-ring4-fsdpseq"}
+    # Ulysses gets the README's asynchronous all-to-all; flash and ring the Wan flags.
+    assert built[published.ULYSSES4].flags.name == "maxdiffusion-ulysses"
+    assert {built[r].flags.name for r in (published.FLASH4, published.RING4)} == {
+        "maxdiffusion-wan"}
