@@ -44,6 +44,7 @@ STRATEGIES = [
     ((2, 2, 2), {"c": "cfg", "u": "ulysses", "r": "ring"}, ("u", "r")),
     ((2, 4), {"c": "cfg", "t": "tp"}, ("c",)),
     ((2, 4), {"c": "cfg", "x": "context"}, ("c", "x")),
+    ((2, 4), {"c": "cfg", "x": "context"}, ("x",)),  # MaxDiffusion: weights not over data
     ((2, 2, 2), {"c": "cfg", "t": "tp", "u": "ulysses"}, ("c", "u")),
     ((2, 2, 2), {"x": "context", "r": "ring", "u": "ulysses"}, ()),
     ((2, 2, 2), {"r": "ring", "c": "cfg", "t": "tp"}, ("r",)),
