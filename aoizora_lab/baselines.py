@@ -29,6 +29,12 @@ cannot split, a mesh ``create_device_mesh`` refuses) is recorded with the reason
 would change one setting to get past a refusal (``allow_split_physical_axes=True``), the setup
 is built that way and its ``note`` says so.
 
+Heads are never padded: MaxDiffusion's Ulysses "fails fast instead of padding synthetic heads",
+the official Wan code asserts ``num_heads % ulysses_size == 0`` (xDiT checks the same), and the
+planner follows them (a head split that does not divide is an invalid candidate). Tokens are
+padded by all three (MaxDiffusion to a multiple of the context shards, Wan to a multiple of
+``U x R``, the planner to a multiple of the sequence degree).
+
 Differences from the real systems, all in the baselines' favour or neutral: the official Wan
 code runs the two CFG passes one after the other (here: one batch of two, the same FLOPs with
 half as many collectives); MaxDiffusion shards each weight on its ``embed`` dimension (here:

@@ -28,6 +28,7 @@ from aoizora_lab.baselines import (
     Headline,
     headline,
     score_baselines,
+    user_setup,
 )
 from aoizora_lab.candidates import Candidate, CandidateSpace, explain_candidates
 from aoizora_lab.compile import (
@@ -162,6 +163,8 @@ def plan(workload: Workload, topology: Topology, *, keep: int = 3, budget: int =
         raise AoizoraError(f"plan(flags={flags!r}): give a list of flag sets, e.g. "
                            f"{list(SEARCHED_FLAGS)}.")
     flag_sets = list({f.label: f for f in map(compiler_flags, flags)}.values())
+    if compare is not None:  # a typo in your setup is refused before anything compiles
+        compare = user_setup(compare, workload, topology)
     if topology.source == "host devices":
         flag_sets = flag_sets[:1]
     progress = tqdm(total=5, desc="plan", disable=quiet)

@@ -485,6 +485,13 @@ def test_cli_bad_plan_arguments_exit_2_with_one_line(capsys, tmp_path):
     one_line(["plan", "wan2.1-t2v-1.3b@832x480x3x3/v5e:2x4"], "832x480x3x3", "WIDTHxHEIGHT")
     one_line(["plan", "wan2.1-t2v-1.3b@832x480"], "WORKLOAD/SLICE")
     one_line(["plan", "wan3@832x480/v5e:2x4"], "'wan3'", "presets are")
+    # A setup of yours or a flag set with a typo is refused before anything compiles.
+    one_line(["plan", "wan2.1-t2v-1.3b@832x480x81/v5e:2x4", "--compare", "ici_bogus=2"],
+             "ici_bogus", "MaxDiffusion config keys")
+    one_line(["plan", "wan2.1-t2v-1.3b@832x480x81/v5e:2x4", "--compare=--ulysses_size 3"],
+             "ulysses_size", "world size")
+    one_line(["plan", "wan2.1-t2v-1.3b@832x480x81/v5e:2x4", "--flags", "fast"], "'fast'",
+             "maxdiffusion-ulysses")
     one_line(["plan", "wan2.1-t2v-1.3b@832x480x80/v5e:2x4"], "frames=80", "4n + 1")
     # Refused before any candidate is traced or compiled:
     one_line(["plan", case, "--layers", "0"], "num_layers=0", "between 1 and the model's 30")
