@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from aoizora_lab.baselines import SYSTEMS
 from aoizora_lab.bench.report import (
     case_row,
     config_line,
@@ -67,8 +68,8 @@ class SearchCost:
         """The section of the benchmark report."""
         s = self.summary
         cost = s[["workload", "slice", "status", "cold_s", "warm_s", "enumerated", "valid",
-                  "ir_traced", "compiled", "compiled_fraction", "baseline_compiles",
-                  "compile_s"]]
+                  "ir_traced", "compiled", "compiled_fraction", "compiles",
+                  "baseline_compiles", "compile_s"]]
         exhaustive = s[["workload", "slice", "exhaustive_status", "exhaustive_wall_s",
                         "exhaustive_compiled_ok", "exhaustive_compile_s", "plan_s",
                         "exhaustive_best_s", "exhaustive_best", "top1_equal", "regret_percent",
@@ -78,7 +79,8 @@ class SearchCost:
             "Planner wall time with an empty compile cache (a fresh temporary folder, "
             "`jax.clear_caches()` first; libtpu already loaded) and again with the cache it "
             "filled; what it enumerated (every role-degree combination x fsdp), found valid, "
-            "traced (IR) and compiled (pruning survivors; the baselines' own candidates "
+            "traced (IR) and compiled (`compiled`: pruning survivors; `compiles`: those "
+            "times the compiler flag sets searched; the existing systems' own setups "
             "compiled on top are counted apart); `compile_s` sums the compiles' own times "
             f"(they run {os.cpu_count()} at a time). " + config_line(self.config),
             markdown_table(cost),
@@ -86,11 +88,12 @@ class SearchCost:
         if (s["exhaustive_status"] == "ok").any():
             top = self.candidates.groupby(["workload", "slice"], sort=False).head(10)
             parts += [
-                "Against the exhaustive search: every valid candidate compiled (survivors "
+                "Against the exhaustive search: every valid candidate compiled with every "
+                "flag set the planner searched (survivors "
                 "come from the cache the pruned search filled; `exhaustive_compile_s` sums "
                 "every compile's own time) and placed by the same search (every structured "
                 "placement, the same extra orders and local search), plus the same baseline "
-                "pairs. `regret_percent`: latency the pruned plan loses against the exhaustive "
+                "setups. `regret_percent`: latency the pruned plan loses against the exhaustive "
                 "best; `kendall_tau`: rank correlation of the IR estimate and the compiled "
                 "prediction over the candidates that compiled.",
                 markdown_table(exhaustive),
@@ -117,8 +120,9 @@ def search_cost(cases: Iterable[Case | str] = SEARCH_COST_MATRIX, *, num_layers:
     Columns of ``summary``: ``cold_s`` (empty compile and IR caches: a fresh temporary folder,
     and ``jax.clear_caches()``), ``warm_s`` (the same cache again) and ``warm_all_cached``;
     ``enumerated``, ``valid``, ``ir_traced``, ``compiled`` (pruning survivors),
-    ``compiled_fraction`` (of the valid), ``baseline_compiles`` (the baselines' candidates
-    beyond the survivors), ``compile_s`` (the compiles' own seconds, survivors and baselines);
+    ``compiled_fraction`` (of the valid), ``compiles`` (survivors x compiler flag sets),
+    ``baseline_compiles`` (the existing systems' setups beyond the survivors), ``compile_s``
+    (the compiles' own seconds, survivors and baselines);
     with ``exhaustive``: ``exhaustive_wall_s``, ``exhaustive_compiled_ok``,
     ``exhaustive_compile_s``, ``plan_s``, ``exhaustive_best`` / ``exhaustive_best_s``,
     ``top1_equal``, ``regret_percent`` and ``kendall_tau`` (IR estimate vs best compiled
@@ -140,7 +144,8 @@ def search_cost(cases: Iterable[Case | str] = SEARCH_COST_MATRIX, *, num_layers:
         target_rows += _search_targets(row)
     columns = ["workload", "slice", "status", "cold_s", "warm_s", "warm_all_cached",
                "enumerated", "valid", "ir_traced", "compiled", "compiled_fraction",
-               "baseline_compiles", "compile_s", "exhaustive_status", "exhaustive_wall_s",
+               "compiles", "baseline_compiles", "compile_s", "exhaustive_status",
+               "exhaustive_wall_s",
                "exhaustive_compiled_ok", "exhaustive_compile_s", "plan_candidate", "plan_s",
                "exhaustive_best", "exhaustive_best_s", "top1_equal", "regret_percent",
                "kendall_tau"]
@@ -181,8 +186,10 @@ def _search_row(workload: Workload, topology: Topology, cache: str, *,
         "status": "ok", "cold_s": cold_s, "warm_s": warm_s,
         "warm_all_cached": all(r.cached for r in [*warm.compiled, *warm.baseline_compiles]),
         "enumerated": len(cold.candidates), "valid": valid, "ir_traced": traced,
-        "compiled": len(cold.compiled),
-        "compiled_fraction": len(cold.compiled) / valid if valid else math.nan,
+        "compiled": len({r.candidate.name for r in cold.compiled}),
+        "compiled_fraction": (len({r.candidate.name for r in cold.compiled}) / valid
+                              if valid else math.nan),
+        "compiles": len(cold.compiled),
         "baseline_compiles": len(cold.baseline_compiles),
         "compile_s": sum(r.compile_seconds
                          for r in [*cold.compiled, *cold.baseline_compiles]),
@@ -205,26 +212,31 @@ def _search_row(workload: Workload, topology: Topology, cache: str, *,
 def _exhaustive(workload: Workload, topology: Topology, result: Any, cache: str, *,
                 num_layers: int | None, budget: int, timeout_s: float,
                 candidate_frames: list[pd.DataFrame]) -> dict[str, Any]:
-    """Every valid candidate compiled and placed exactly as the planner places survivors."""
+    """Every valid candidate compiled with every flag set the planner searched, and placed
+    exactly as the planner places survivors."""
     from scipy import stats
 
     from aoizora_lab.compile import compile_candidates
     from aoizora_lab.placement import rank_placements
 
     start = time.perf_counter()
-    compiled = compile_candidates(result.candidates.valid, workload, topology, cache_dir=cache,
-                                  num_layers=num_layers, timeout_s=timeout_s)
+    flag_sets = {r.flags.label: r.flags for r in result.compiled}.values()
+    compiled = [r for flags in flag_sets for r in compile_candidates(
+        result.candidates.valid, workload, topology, cache_dir=cache, num_layers=num_layers,
+        timeout_s=timeout_s, flags=flags)]
     rows = []
     for r in compiled:
         decision = result.pruning.decision(r.candidate.name)
         row = {"workload": workload.name, "slice": topology.name, "candidate": r.candidate.name,
+               "flags": r.flags.label,
                "ir_estimate_s": (decision.estimate.estimate_seconds if decision.estimate
                                  else math.nan),
                "kept": decision.verdict.keep, "status": r.status,
                "compile_s": r.compile_seconds, "best_total_s": math.nan, "placement": ""}
         if r.status == "ok":
             try:  # placed exactly as the planner places its survivors
-                top = rank_placements(r.program, r.candidate, topology, budget=budget)[0]
+                top = rank_placements(r.program, r.candidate, topology, budget=budget,
+                                      flags=r.flags)[0]
                 row["best_total_s"] = top.predicted.total_s
                 row["placement"] = top.placement.description
             except Exception as err:  # one candidate's failure is its row's status
@@ -237,10 +249,10 @@ def _exhaustive(workload: Workload, topology: Topology, result: Any, cache: str,
     candidate_frames.append(frame)
     # The pool the planner chooses from also holds the baseline pairs (a baseline that beats
     # the search becomes the plan), so the exhaustive best is taken over them too.
-    pool = [(t, n) for t, n in zip(frame["best_total_s"], frame["candidate"], strict=True)
-            if np.isfinite(t)]
-    pool += [(b.plan.predicted.total_s, b.candidate.name) for b in result.baselines
-             if b.plan is not None]
+    pool = [(t, f"{n}+{f}") for t, n, f in zip(frame["best_total_s"], frame["candidate"],
+                                               frame["flags"], strict=True) if np.isfinite(t)]
+    pool += [(b.plan.predicted.total_s, f"{b.candidate.name}+{b.plan.flags.label}")
+             for b in result.baselines if b.plan is not None and b.name in SYSTEMS]
     best_s, best_name = min(pool)
     plan_s = result.best.predicted.total_s
     ok = frame[np.isfinite(frame["best_total_s"]) & np.isfinite(frame["ir_estimate_s"])]
@@ -251,7 +263,8 @@ def _exhaustive(workload: Workload, topology: Topology, result: Any, cache: str,
         "exhaustive_compiled_ok": int((frame["status"] == "ok").sum()),
         "exhaustive_compile_s": float(frame["compile_s"].sum()),
         "exhaustive_best": best_name, "exhaustive_best_s": best_s,
-        "top1_equal": bool(best_name == result.best.candidate.name
+        "top1_equal": bool(best_name == f"{result.best.candidate.name}+"
+                           f"{result.best.flags.label}"
                            and math.isclose(best_s, plan_s, rel_tol=1e-9)),
         "regret_percent": 100.0 * (plan_s / best_s - 1.0),
         "kendall_tau": tau,
