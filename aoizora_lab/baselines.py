@@ -22,12 +22,14 @@ command-line flags). The existing systems (:data:`SYSTEMS`):
   the inner (fast) index (yunchang's ``use_ulysses_low``), libtpu's default flags; the best
   split.
 
-Where a system has several setups, its best is found the way the planner finds its own:
-ranked by the IR estimate pruning made, the best ``keep`` compiled, the fastest predicted step
-wins (:func:`score_baselines`). What the system's own code would refuse (a head count Ulysses
-cannot split, a mesh ``create_device_mesh`` refuses) is recorded with the reason; where a user
-would change one setting to get past a refusal (``allow_split_physical_axes=True``), the setup
-is built that way and its ``note`` says so.
+Where a system has several setups, every one it builds is compiled with its recipe's flags and
+the fastest predicted step wins (:func:`score_baselines`): not only the best IR estimates, since
+the IR estimate has no schedule and cannot see what the recipe's flags hide (with
+MaxDiffusion's asynchronous all-to-all, Ulysses setups the estimate ranks last can win).
+What the system's own code would refuse (a head count Ulysses cannot split, a mesh
+``create_device_mesh`` refuses) is recorded with the reason; where a user would change one
+setting to get past a refusal (``allow_split_physical_axes=True``), the setup is built that way
+and its ``note`` says so.
 
 Heads are never padded: MaxDiffusion's Ulysses "fails fast instead of padding synthetic heads",
 the official Wan code asserts ``num_heads % ulysses_size == 0`` (xDiT checks the same), and the
@@ -502,38 +504,46 @@ def system_setups(name: str, workload: Workload, topology: Topology
                   ) -> list[Setup | tuple[str, str]]:
     """Every setup of system ``name`` (one of :data:`SYSTEMS`): a :class:`Setup`, or
     ``(recipe, reason)`` where the system refuses it."""
+    def config_words(keys: dict[str, Any]) -> str:
+        return " ".join(f"{k}={v}" for k, v in keys.items()) or "the shipped config"
+
+    def flag_words(keys: dict[str, Any]) -> str:
+        return " ".join(f"--{k}" if v is True else f"--{k} {v}" for k, v in keys.items()
+                        if v is not False)
+
     if name == "maxdiffusion-default":
-        return _built([{}], lambda keys: maxdiffusion_setup(workload, topology, **keys))
+        return _built([{}], lambda keys: maxdiffusion_setup(workload, topology, **keys),
+                      config_words)
     if name == "maxdiffusion-best":
         return _built(maxdiffusion_recipes(workload, topology),
-                      lambda keys: maxdiffusion_setup(workload, topology, **keys))
+                      lambda keys: maxdiffusion_setup(workload, topology, **keys), config_words)
     if name == "xdit-usp":
         return _built(xdit_recipes(workload, topology),
-                      lambda keys: xdit_setup(workload, topology, **keys))
+                      lambda keys: xdit_setup(workload, topology, **keys), flag_words)
     raise AoizoraError(f"No system {name!r}; systems are {list(SYSTEMS)}.")
 
 
-def _built(recipes: list[dict[str, Any]], build: Callable[..., Setup]
-           ) -> list[Setup | tuple[str, str]]:
+def _built(recipes: list[dict[str, Any]], build: Callable[..., Setup],
+           words: Callable[[dict[str, Any]], str]) -> list[Setup | tuple[str, str]]:
     out: list[Setup | tuple[str, str]] = []
     for keys in recipes:
         try:
             out.append(build(keys))
         except REFUSALS as err:
-            out.append((" ".join(f"{k}={v}" for k, v in keys.items()) or "defaults", str(err)))
+            out.append((words(keys), str(err)))
     return out
 
 
 def score_baselines(workload: Workload, topology: Topology, pruning: Pruning,
                     compiled: Mapping[tuple[str, str], CompiledCandidate], compile: Compile,
-                    *, keep: int = 3, compare: Any = None
+                    *, compare: Any = None
                     ) -> tuple[Baselines, list[CompiledCandidate]]:
     """Build every system's setups (and ``compare``, a user's, see :func:`user_setup`),
     compile what ``compiled`` (by :attr:`CompiledCandidate.key`) lacks, price each.
 
-    A system with several setups keeps those whose candidate the planner's space holds with
-    an IR estimate, compiles the ``keep`` best estimates and takes the fastest predicted step;
-    a setup outside the space (over HBM, a trace that failed) is a trial with that reason.
+    A system with several setups compiles every one whose candidate the planner's space holds
+    (the IR estimate is reported, not used to choose) and takes the fastest predicted step; a
+    setup outside the space (over HBM, a trace that failed) is a trial with that reason.
     Returns the outcomes and the compiles this added.
     """
     compiled = dict(compiled)
@@ -570,11 +580,7 @@ def score_baselines(workload: Workload, topology: Topology, pruning: Pruning,
                     if s.candidate.name not in valid else "its IR trace failed")))
                 continue
             ranked.append((estimate, s))
-        ranked.sort(key=lambda pair: pair[0])
-        for estimate, s in ranked[keep:]:
-            trials.append(Trial(name, s.recipe, s, estimate,
-                                reason=f"not among the {keep} best IR estimates"))
-        chosen = [s for _, s in ranked[:keep]]
+        chosen = [s for _, s in sorted(ranked, key=lambda pair: pair[0])]
         plans[name] = (trials, chosen)
     ensure([s for _, chosen in plans.values() for s in chosen])
 

@@ -6,10 +6,12 @@ model (:mod:`aoizora_lab.baselines`), and the best :class:`~aoizora_lab.realize.
 
 Latencies are priced by :mod:`aoizora_lab.cost` (compiler compute, the ICI model, overlap from
 the compiled schedule). Compiler flags are one more dimension of the search: the kept
-candidates are compiled with each flag set of ``flags`` (on TPU slices). A baseline predicted
-faster than the search's own best becomes the plan, so the plan is never predicted slower than
-a baseline; :attr:`PlanResult.searched` keeps the search's own best so the two can be told
-apart. :attr:`PlanResult.headline` splits the gain: against the existing systems, from
+candidates are compiled with each flag set of ``flags`` (on TPU slices). The existing systems'
+setups (and yours, ``compare``) are compiled too and their programs placed by the same search,
+so the plan searches the space they run in; a setup predicted faster on its own device order
+than everything the search placed becomes the plan, so the plan is never predicted slower than
+a setup it priced. :attr:`PlanResult.searched` keeps the search's own best so the two can be
+told apart. :attr:`PlanResult.headline` splits the gain: against the existing systems, from
 placement, from the sharding strategy.
 """
 
@@ -22,7 +24,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from aoizora_lab.baselines import (
-    SYSTEMS,
     USER,
     Baselines,
     Headline,
@@ -199,21 +200,24 @@ def plan(workload: Workload, topology: Topology, *, keep: int = 3, budget: int =
             + ". Fix what the messages say (an oom needs more chips or FSDP; crash or timeout: "
             "retry, or raise timeout_s)."
         )
-    ranking = Ranking(entry for r in compiled.ok for entry in rank_placements(
+    # The existing systems' setups (and yours) are compiled before placement, so the search
+    # places their programs too: the plan searches the space the systems run in.
+    baselines, added = score_baselines(workload, topology, pruning,
+                                       {r.key: r for r in compiled}, compile, compare=compare)
+    stage("baselines")
+    programs = [*compiled.ok, *(r for r in added if r.status == "ok")]
+    ranking = Ranking(entry for r in programs for entry in rank_placements(
         r.program, r.candidate, topology, budget=budget, top=top_placements,
         flags=r.flags)).ranked()
-    stage("placed")
-    by_key = {r.key: r for r in compiled}
+    by_key = {r.key: r for r in programs}
     top = ranking[0]
     program = by_key[(top.candidate.name, top.flags.label)].program
     searched = Plan(workload, topology, top.candidate, top.placement, top.predicted, program,
                     breakdown(program, topology, top.placement), flags=top.flags)
-    baselines, added = score_baselines(workload, topology, pruning, by_key, compile,
-                                       keep=keep, compare=compare)
-    systems = [o.plan for o in baselines if o.plan is not None and o.name in SYSTEMS]
-    best = min([searched, *systems], key=lambda p: p.predicted.total_s)
-    stage("baselines")
+    priced = [o.plan for o in baselines if o.plan is not None]
+    best = min([searched, *priced], key=lambda p: p.predicted.total_s)
+    stage("placed")
     progress.close()
     return PlanResult(space, pruning, compiled, ranking,
                       Baselines(baselines, plan_s=best.predicted.total_s), Compiles(added),
-                      searched, best, headline(best, baselines, compiled))
+                      searched, best, headline(best, baselines, programs))

@@ -34,11 +34,16 @@
 # exposed. The compiler runs some collectives asynchronously (a start ... done pair); such a
 # collective hides only behind the compute scheduled between its start and its done, and
 # collectives in flight together share links. The search minimises exactly that exposed time.
+#
+# Compiler flags are one more dimension of the search: each kept candidate is compiled with
+# libtpu's defaults and with MaxDiffusion's recommended flags (the `flags` column), and each
+# compiled program is placed on its own.
 
 # %% tags=["parameters"]
 case = "wan2.1-t2v-1.3b@832x480x81/v5e:2x4"
 layers = 2
 budget = 20000
+compare = ""  # a setup of yours to compare with; empty: none
 
 # %%
 from IPython.display import Markdown, display
@@ -51,43 +56,72 @@ from aoizora_lab.planner import plan
 
 inputs = notebook_inputs(case=case, layers=layers, budget=budget)
 workload, slice_ = inputs.workload, inputs.topology
-result = plan(workload, slice_, num_layers=inputs.layers, budget=inputs.budget)
+result = plan(workload, slice_, num_layers=inputs.layers, budget=inputs.budget,
+              compare=compare or None)
 best = result.best
 display(Markdown(
-    f"**Best plan:** `{best.candidate.name}` placed as *{best.placement.description}* — "
-    f"predicted {best.predicted.total_s * 1e3:.1f} ms per step "
-    f"(compute {best.predicted.compute_s * 1e3:.1f} ms, communication "
+    f"**Best plan:** `{best.candidate.name}` with `{best.flags.label}` compiler flags, placed "
+    f"as *{best.placement.description}* — predicted {best.predicted.total_s * 1e3:.1f} ms per "
+    f"step (compute {best.predicted.compute_s * 1e3:.1f} ms, communication "
     f"{best.predicted.comm_s * 1e3:.1f} ms, {best.predicted.exposed_s * 1e3:.1f} ms of it "
     "exposed)."))
 
 # %% [markdown]
 # ## The ranking
 #
-# The best placements of every compiled candidate, fastest first. `source` says where a
-# placement came from: a library's device order (plain order, `jax.make_mesh`,
+# The best placements of every compiled candidate and flag set, fastest first. `source` says
+# where a placement came from: a library's device order (plain order, `jax.make_mesh`,
 # `create_device_mesh`), a structured layout, or local search.
 
 # %%
 ranking = result.ranking.to_frame()
-columns = ["candidate", "description", "source", "compute_s", "comm_s", "total_s"]
+columns = ["candidate", "flags", "description", "source", "compute_s", "comm_s", "total_s"]
 display(ranking[columns].head(15).round(4))
 viz.show(viz.ranking_scatter(ranking, y="total_s"))
 
 # %% [markdown]
-# ## Against the solutions people use today, and ablations of the plan
+# ## Against the systems people run today
 #
-# Each row is a candidate plus a device order, compiled and scored by the *same* pipeline and
-# model. The **baselines (existing systems)** are what people run today: MaxDiffusion's
-# CFG × context with `create_device_mesh` (`maxdiffusion`) and xDiT's USP, Ulysses × ring in
-# plain device order (`xdit-usp`). The **ablations** take one idea away from the plan
-# (`ablation` is true): `jax-default` is the plan's candidate placed by `jax.make_mesh` (no
-# placement search), `logical-only` the best candidate in plain order (a topology-blind
-# search). `speedup_of_plan` is that row's latency / the plan's latency; a row that could not
-# be built or compiled says why in `reason`. Where one of them is predicted faster than the
-# search's own best, it becomes the plan.
+# Each existing system is built the way its own code and docs build it, compiled with the
+# compiler flags its recipe sets, and priced by the *same* pipeline and model as the plan.
+# `maxdiffusion-default` is MaxDiffusion as its Wan config ships (every chip on the `context`
+# axis, flash attention with K/V gathered, `create_device_mesh` order); `maxdiffusion-best` is
+# the best of MaxDiffusion's attention kernels × its recipes (context over every chip, or
+# `ici_data_parallelism=2` × context); `xdit-usp` is the official Wan 2.1 code on xDiT's USP,
+# the best `--ulysses_size` × `--ring_size` split, tokens padded to a multiple of it, ranks in
+# launch order. `recipe` is the setup in the system's own words, `speedup_of_plan` that row's
+# latency / the plan's; a system that could not be built or compiled says why in `reason`.
+# Where a system is predicted faster than the search's own best, it becomes the plan.
 
 # %%
 display(result.baselines.to_frame().round(4))
+
+# %% [markdown]
+# Every setup each system was tried with: what its code refuses (with the reason), and, ranked
+# by the IR estimate as the search ranks its own candidates, the best 3 compiled; `chosen`
+# marks the one in the table above.
+
+# %%
+display(result.baselines.trials().round(4))
+
+# %% [markdown]
+# ## Where the gain comes from
+#
+# Three measures, each a ratio of predicted steps (`seconds` is the step it compares):
+#
+# - **vs existing systems** — the headline: each system's best step / the plan's; the `best:`
+#   row is the fastest existing system.
+# - **placement gain** — the plan's own compiled program in the device order plain order,
+#   `jax.make_mesh` or `create_device_mesh` gives it / in its best placement: what the placement
+#   search alone buys (NaN where that library refuses the mesh).
+# - **strategy gain** — the best existing system / the best compiled candidate (with its
+#   flags) in plain device order: what the sharding and flag choice alone buys, without placement.
+#
+# Placement gain and strategy gain are *ablations* of the plan (one of its ideas taken away),
+# never baselines: nobody runs them.
+
+# %%
+display(result.headline.to_frame().round(4))
 
 # %% [markdown]
 # ## Where the winner's bytes go
@@ -104,9 +138,9 @@ viz.show(viz.torus_heatmap(slice_, link_bytes, collectives_by_link=users,
                            title=f"{best.candidate.name}: bytes per link per step"))
 
 # %% [markdown]
-# ### Same program, default device order
+# ### Same program, plain device order
 #
-# The placement-only gain: the winning candidate in plain device order (left) and in the
+# The placement gain as a picture: the winning program in plain device order (left) and in the
 # winning placement (right), on one colour scale, then their difference.
 
 # %%
@@ -115,23 +149,49 @@ viz.show(viz.heatmap_comparison(slice_, plain_bytes, link_bytes, left_title="pla
                                 right_title="winning placement"))
 
 # %% [markdown]
-# ### Against MaxDiffusion's layout
+# ### Against the best existing system's layout
 #
-# The MaxDiffusion baseline (CFG × context, K/V gathered, `create_device_mesh` order) as
-# the planner built and priced it, on the left, the plan on the right: different programs,
-# so the picture shows both where the bytes go and how many there are.
+# The fastest existing system (the `best:` row above) as the planner built and priced it, on
+# the left, the plan on the right: different programs, so the picture shows both where the
+# bytes go and how many there are. (Where that system's setup became the plan, the two agree.)
 
 # %%
-maxdiffusion = result.baselines["maxdiffusion"]
-if maxdiffusion.plan is not None:
-    md_plan = maxdiffusion.plan
-    md_bytes = estimate(md_plan.program, slice_, md_plan.placement).link_bytes
-    viz.show(viz.heatmap_comparison(slice_, md_bytes, link_bytes,
-                                    left_title=f"maxdiffusion: {md_plan.candidate.name}",
+system = result.headline.best_system
+if system:
+    theirs = result.baselines[system].plan
+    their_bytes = estimate(theirs.program, slice_, theirs.placement).link_bytes
+    viz.show(viz.heatmap_comparison(slice_, their_bytes, link_bytes,
+                                    left_title=f"{system}: {theirs.candidate.name}",
                                     right_title=f"plan: {best.candidate.name}"))
 else:
-    display(Markdown(f"The MaxDiffusion baseline is **{maxdiffusion.status.value}**: "
-                     f"{maxdiffusion.reason}"))
+    display(Markdown("No existing system could be built and compiled here:"))
+    display(result.baselines.to_frame()[["baseline", "status", "reason"]])
+
+# %% [markdown]
+# ## Your setup
+#
+# With `compare` set to a setup you run — MaxDiffusion config keys
+# (`ici_data_parallelism=2 attention=ulysses`), Wan / xDiT flags (`--ulysses_size 2
+# --ring_size 4`) or a mesh (`candidate=cfg2-uly4 order=0,1,2,...`) — it is priced like the
+# existing systems (row `yours` above), and the steps from it to the plan are shown: your setup
+# as you run it, your sharding and flags placed by the search, then the plan; `speedup` is your
+# step / that row's. Below, your setup's link bytes beside the plan's.
+
+# %%
+if not compare:
+    display(Markdown("No setup of yours given: set `compare`, e.g. papermill "
+                     "`-p compare \"ici_data_parallelism=2 attention=ulysses\"`, or "
+                     "`compare:` in a report's parameters in `data/reports.yaml`."))
+elif result.baselines["yours"].plan is None:
+    yours = result.baselines["yours"]
+    display(Markdown(f"Your setup is **{yours.status.value}**: {yours.reason}"))
+else:
+    display(result.advice(budget=inputs.budget).round(4))
+    mine = result.baselines["yours"].plan
+    my_bytes = estimate(mine.program, slice_, mine.placement).link_bytes
+    viz.show(viz.heatmap_comparison(slice_, my_bytes, link_bytes,
+                                    left_title=f"yours: {mine.candidate.name}",
+                                    right_title=f"plan: {best.candidate.name}"))
 
 # %% [markdown]
 # ## Breakdown of the winner
@@ -164,19 +224,18 @@ explorer = viz.heatmap_explorer_widget(
 explorer  # a live widget in JupyterLab
 
 # %% [markdown]
-# The headline speedups: over the best baseline (existing system) that compiled, and,
-# separately, over the best ablation.
+# The headline values: the speedup over the best existing system, and the plan's two
+# ablations, its placement gain over plain device order and the strategy gain (None where no
+# existing system was priced).
 
 # %%
-existing = [o.plan for o in result.baselines if o.plan is not None and not o.ablation]
-ablations = [o.plan for o in result.baselines if o.plan is not None and o.ablation]
+headline = result.headline
 record("best_candidate", best.candidate.name)
 record("best_placement", best.placement.description)
+record("best_flags", best.flags.label)
 record("predicted_step_s", best.predicted.total_s)
 record("speedup_over_best_existing_system",
-       min(p.predicted.total_s for p in existing) / best.predicted.total_s
-       if existing else None)
-record("speedup_over_best_ablation",
-       min(p.predicted.total_s for p in ablations) / best.predicted.total_s
-       if ablations else None)
+       headline.vs_existing if headline.best_system else None)
+record("placement_gain_vs_plain", headline.placement_gain["plain"])
+record("strategy_gain", headline.strategy_gain if headline.best_system else None)
 record("placements_ranked", len(result.ranking))
