@@ -91,15 +91,17 @@ viz.show(viz.ranking_scatter(ranking, y="total_s"))
 # the best `--ulysses_size` × `--ring_size` split, tokens padded to a multiple of it, ranks in
 # launch order. `recipe` is the setup in the system's own words, `speedup_of_plan` that row's
 # latency / the plan's; a system that could not be built or compiled says why in `reason`.
-# Where a system is predicted faster than the search's own best, it becomes the plan.
+# The search places the systems' programs too; a setup faster on its own device order than
+# everything the search placed becomes the plan.
 
 # %%
 display(result.baselines.to_frame().round(4))
 
 # %% [markdown]
-# Every setup each system was tried with: what its code refuses (with the reason), and, ranked
-# by the IR estimate as the search ranks its own candidates, the best 3 compiled; `chosen`
-# marks the one in the table above.
+# Every setup each system was tried with: what its code refuses (with the reason), and every
+# other one compiled with its recipe's flags and priced (`estimate_s` is the IR estimate, shown
+# for comparison: it cannot see what asynchronous all-to-all hides); `chosen` marks the one in
+# the table above.
 
 # %%
 display(result.baselines.trials().round(4))

@@ -121,8 +121,9 @@ class PlanQuality:
                 "workload", "slice", "baseline", "recipe", "candidate", "placement", "flags",
                 "status", "total_s", "speedup_of_plan", "note", "reason"])),
             "Every setup each system was tried with: refused where the system refuses it "
-            "(reason), ranked by IR estimate, the best 3 compiled and priced (`total_s`); "
-            "`chosen` marks the system's best.",
+            "(reason), every other one compiled with its recipe's flags and priced "
+            "(`total_s`; `estimate_s`: the IR estimate, for comparison); `chosen` marks the "
+            "system's best.",
             markdown_table(self.trials.reindex(columns=[
                 "workload", "slice", "baseline", "recipe", "candidate", "flags", "estimate_s",
                 "total_s", "chosen", "reason"])),
