@@ -392,14 +392,17 @@ def _space_1_3b_on_8_chips():
 
 
 # Wan 2.1 1.3B (12 heads, 32,760 tokens: divisible by 8) on 8 chips. Role-degree tuples of
-# product 8 over (cfg, ulysses, ring, context, tp), each with fsdp off and on:
-# cfg 4 leaves 4 ways to place the other factor 2 (8 options), cfg 8 one way (2 options),
-# ulysses x tp = 8 takes all of the 8: (1, 8), (2, 4), (4, 2), (8, 1) (8 options), and only
-# tp8 with fsdp has no axis besides tp to shard over (1 option).
+# product 8 over (cfg, ulysses, ring, context, tp): weights unsharded or fsdp, and with cfg > 1
+# also fsdpseq (weights over the sequence axes only). cfg 1: 20 tuples x 2; cfg 2: 10 x 3;
+# cfg 4: the other factor 2 on one of 4 roles, x 3 (12 options); cfg 8: one tuple x 3;
+# ulysses x tp = 8 takes all of the 8: (1, 8), (2, 4), (4, 2), (8, 1) (8 options); tp8-fsdp
+# has no axis besides tp to shard over, and fsdpseq none besides tp and cfg when the rest is
+# tp (cfg2-tp4, cfg4-tp2, cfg8).
 EXPECTED_EXCLUSIONS = {
-    "cfg degree 4 > 2 passes per step": 8,
+    "cfg degree 4 > 2 passes per step": 12,
     "12 heads not divisible by ulysses x tp = 8": 8,
-    "cfg degree 8 > 2 passes per step": 2,
+    "fsdp needs an axis besides tp and cfg to shard weights over (fsdpseq)": 3,
+    "cfg degree 8 > 2 passes per step": 3,
     "fsdp needs an axis besides tp to shard weights over": 1,
 }
 
@@ -411,10 +414,10 @@ def test_exclusions_count_every_option_under_each_rule_it_breaks():
     assert list(frame.columns) == ["reason", "combinations", "examples"]
     assert dict(zip(frame["reason"], frame["combinations"], strict=True)) == EXPECTED_EXCLUSIONS
     assert list(frame["combinations"]) == sorted(frame["combinations"], reverse=True)
-    assert len(space) == 2 * 35  # C(3 + 4, 4) ways to spread 2^3 over 5 roles, fsdp off/on
+    assert len(space) == 20 * 2 + 10 * 3 + 4 * 3 + 1 * 3
     examples = dict(zip(frame["reason"], frame["examples"], strict=True))
     assert examples["fsdp needs an axis besides tp to shard weights over"] == "tp8-fsdp"
-    assert examples["cfg degree 8 > 2 passes per step"] == "cfg8, cfg8-fsdp"
+    assert examples["cfg degree 8 > 2 passes per step"] == "cfg8, cfg8-fsdp, cfg8-fsdpseq"
     assert len(examples["cfg degree 4 > 2 passes per step"].split(", ")) == 6  # first six
 
 
@@ -424,11 +427,11 @@ def test_exclusion_chart_draws_a_bar_per_reason_heaviest_on_top():
 
     (bars,) = fig.data
     assert dict(zip(bars.y, bars.x, strict=True)) == EXPECTED_EXCLUSIONS
-    assert EXPECTED_EXCLUSIONS[bars.y[-1]] == 8 and bars.y[0].startswith("fsdp")  # bottom-up
+    assert EXPECTED_EXCLUSIONS[bars.y[-1]] == 12 and bars.y[0].startswith("fsdp")  # bottom-up
     assert "e.g. tp8-fsdp" in bars.hovertext[0]
-    # cfg 4 and cfg 8 leave ulysses x tp <= 2: only tp8-fsdp breaks two rules.
-    invalid = 8 + 2 + 8 + 1 - 1
-    assert f"{invalid} of 70 combinations excluded, by 4 reasons" in fig.layout.title.subtitle.text
+    # Options breaking two rules: tp8-fsdp (heads), cfg8-fsdpseq and cfg4-tp2-fsdpseq (cfg).
+    invalid = sum(EXPECTED_EXCLUSIONS.values()) - 3
+    assert f"{invalid} of 85 combinations excluded, by 5 reasons" in fig.layout.title.subtitle.text
 
 
 def _estimate(name: str, estimate_s: float, lower_s: float) -> IREstimate:
