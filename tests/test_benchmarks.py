@@ -266,3 +266,28 @@ def test_the_scripts_refuse_a_bad_case_spec_with_its_fix(name, argv, monkeypatch
         script(name).main()
     assert exited.value.code == 2  # argparse's usage error, before any work
     assert "'v5e:2x4' must be WORKLOAD/SLICE, e.g. 'wan2.1-t2v-14b" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_plan_quality_records_each_case_and_resumes_from_the_records(quality, slice_2x2, cache,
+                                                                      tmp_path, monkeypatch):
+    case = Case(WORKLOAD, slice_2x2.name)
+    first = bench.plan_quality([case], budget=300, cache_dir=cache, records=tmp_path)
+    (record,) = tmp_path.glob("*.json")
+    assert record.name == bench.quality.record_name(WORKLOAD.name, slice_2x2.name)
+    assert ":" not in record.name and "@" not in record.name
+
+    def must_not_plan(*_, **__):
+        raise AssertionError("a recorded case was planned again")
+
+    monkeypatch.setattr(bench.quality, "_quality_row", must_not_plan)
+    again = bench.plan_quality([case], budget=300, records=tmp_path, resume=True)
+    for table in ("summary", "baselines", "trials"):
+        pd.testing.assert_frame_equal(getattr(first, table), getattr(again, table),
+                                      check_dtype=False)
+    assert "cases read from records = 1 (planned " in again.markdown()
+    assert "cases read from records" not in first.markdown()
+    # Another budget is another experiment: planned again (here: the guard above fails it).
+    other = bench.plan_quality([case], budget=301, records=tmp_path, resume=True)
+    assert other.summary.iloc[0]["status"].startswith("error: AssertionError")
+    assert len(list(tmp_path.glob("*.json"))) == 1  # a failed case is not recorded

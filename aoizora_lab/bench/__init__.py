@@ -108,7 +108,7 @@ def run_all(*, quick: bool = False, out: str | Path = "reports/benchmarks.md",
             skip_exhaustive: bool = False, evaluations: int | None = None,
             cache_dir: str | Path | None = None, cases: Sequence[Case | str] | None = None,
             search_cases: Sequence[Case | str] | None = None,
-            command: str = "aoizora-lab bench",
+            command: str = "aoizora-lab bench", resume: bool = False,
             progress: Callable[[str], None] | None = None) -> Path:
     """Run the benchmarks (``only``: a subset of :data:`BENCHMARKS`) and write the report to
     ``out`` after each one, so that an interrupted run keeps the finished ones; sections it
@@ -122,7 +122,9 @@ def run_all(*, quick: bool = False, out: str | Path = "reports/benchmarks.md",
     ``num_layers``) and 20,000 evaluations. ``cases`` / ``search_cases`` (case specs) replace
     the plan-quality / search-cost matrix; a bad spec is refused before any benchmark runs.
     ``cache_dir``: the compile cache of plan quality and placement throughput (default
-    ``data/cache/compile``; search cost always starts from an empty one).
+    ``data/cache/compile``; search cost always starts from an empty one). Plan quality records
+    each finished case in ``plan-quality/`` beside ``out``; ``resume`` reads back the cases
+    recorded there at the same depth and budget instead of planning them again.
     """
     # The matrices and benchmark functions are read from this module when called, so that
     # what a caller (or a test) sets on ``aoizora_lab.bench`` is what runs.
@@ -141,7 +143,8 @@ def run_all(*, quick: bool = False, out: str | Path = "reports/benchmarks.md",
     report = ReportFile(out, command=command, keep=True)
     if "plan-quality" in chosen:
         report.add(plan_quality(quality_matrix, num_layers=layers, cache_dir=cache_dir,
-                                progress=progress,
+                                progress=progress, resume=resume,
+                                records=Path(out).parent / "plan-quality",
                                 on_case=lambda partial: report.add(partial.markdown())
                                 ).markdown())
     if "search-cost" in chosen:

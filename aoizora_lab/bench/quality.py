@@ -10,6 +10,8 @@ compiled program in other device orders) and how close the plan comes to the com
 
 from __future__ import annotations
 
+import datetime
+import json
 import math
 import time
 from collections.abc import Callable, Iterable
@@ -162,10 +164,17 @@ def plan_quality(cases: Iterable[Case | str] = DEFAULT_MATRIX, *, num_layers: in
                  budget: int = 20_000, cache_dir: str | Path | None = None,
                  timeout_s: float = 900.0,
                  progress: Callable[[str], None] | None = None,
-                 on_case: Callable[[PlanQuality], None] | None = None) -> PlanQuality:
+                 on_case: Callable[[PlanQuality], None] | None = None,
+                 records: str | Path | None = None, resume: bool = False) -> PlanQuality:
     """Plan every case and compare the plan with the existing systems, its placement and the
     roofline; ``on_case`` gets the tables so far after each case (a long run writes as it
     goes).
+
+    ``records``: a folder that gets one JSON file per finished case (its row, its systems'
+    setups and trials, the depth and budget it ran with, the date); with ``resume``, a case
+    recorded there at the same ``num_layers`` and ``budget`` is read back instead of planned
+    again, so a matrix that takes longer than one sitting (a 14B case compiles ~25 programs
+    at minutes each on 2 cores) is finished over several runs. A failed case is not recorded.
 
     Per case (columns of ``summary``): the plan's ``candidate``, ``flags``, ``placement`` and
     predicted ``plan_s`` (``compute_s`` + ``exposed_s``, the part of ``comm_s`` the schedule
@@ -193,23 +202,71 @@ def plan_quality(cases: Iterable[Case | str] = DEFAULT_MATRIX, *, num_layers: in
                "plan_tflops", "roofline_s", "roofline_ratio", "bound", "roofline_target",
                "plan_wall_s"]
 
+    recorded: list[str] = []
+
     def tables() -> PlanQuality:
         summary = pd.DataFrame(rows).reindex(columns=columns)
         config = {"num_layers": num_layers or "full depth", "budget": budget}
         if len(rows) < len(cases):
             config["cases done"] = f"{len(rows)} of {len(cases)}"
+        if recorded:
+            config["cases read from records"] = (f"{len(recorded)} (planned "
+                                                 f"{', '.join(sorted(set(recorded)))})")
         return PlanQuality(summary, pd.DataFrame(baseline_rows), pd.DataFrame(trial_rows),
                            quality_targets(summary), config)
 
     for case in cases:
-        if progress:
-            progress("plan quality: {} on {}".format(*case_label(case)))
-        rows.append(case_row(case, lambda workload, topology: _quality_row(
-            workload, topology, num_layers=num_layers, budget=budget, cache_dir=cache_dir,
-            timeout_s=timeout_s, baseline_rows=baseline_rows, trial_rows=trial_rows)))
+        label = case_label(case)
+        path = Path(records) / record_name(*label) if records is not None else None
+        record = _read_record(path, num_layers, budget) if resume and path else None
+        if record is not None:
+            if progress:
+                progress("plan quality: {} on {} (recorded {})".format(*label, record["date"]))
+            rows.append(record["row"])
+            baseline_rows.extend(record["baselines"])
+            trial_rows.extend(record["trials"])
+            recorded.append(record["date"][:10])
+        else:
+            if progress:
+                progress("plan quality: {} on {}".format(*label))
+            done = (len(baseline_rows), len(trial_rows))
+            rows.append(case_row(case, lambda workload, topology: _quality_row(
+                workload, topology, num_layers=num_layers, budget=budget, cache_dir=cache_dir,
+                timeout_s=timeout_s, baseline_rows=baseline_rows, trial_rows=trial_rows)))
+            if path is not None and rows[-1].get("status") == "ok":
+                _write_record(path, num_layers=num_layers, budget=budget, row=rows[-1],
+                              baselines=baseline_rows[done[0]:], trials=trial_rows[done[1]:])
         if on_case:
             on_case(tables())
     return tables()
+
+
+def record_name(workload: str, slice_name: str) -> str:
+    """The file name of a case's record, e.g. ``wan2.1-t2v-14b_1280x720x81_v5e-4x4.json``."""
+    name = f"{workload}_{slice_name}".replace("@", "_").replace(":", "-").replace("/", "_")
+    return name + ".json"
+
+
+def _write_record(path: Path, **record: Any) -> None:
+    record["date"] = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # numpy scalars as Python numbers; NaN stays NaN (Python's json reads it back).
+    text = json.dumps(record, indent=1,
+                      default=lambda v: v.item() if hasattr(v, "item") else str(v))
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(text + "\n")
+    tmp.replace(path)
+
+
+def _read_record(path: Path, num_layers: int | None, budget: int) -> dict[str, Any] | None:
+    """The record at ``path`` when it was planned at this depth and budget, else None."""
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if record.get("num_layers") != num_layers or record.get("budget") != budget:
+        return None
+    return record
 
 
 def _quality_row(workload: Workload, topology: Topology, *, num_layers: int | None,
