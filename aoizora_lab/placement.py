@@ -11,17 +11,20 @@ a batch of placements with numpy:
 1. collectives with the same kind and groups differ only in bytes and runs, and the model is
    linear in bytes for a fixed layout of groups, so their link loads per byte are computed
    once: a Wan step's hundreds of HLO collectives become a dozen *structures*;
-2. routing is linear too, so the link loads of any transfers are ``traffic @ R`` with
-   ``traffic`` the bytes per (source chip, target chip) pair and ``R`` the model's
-   :func:`~aoizora_lab.comm_model.route_matrix`: a batch of all-to-alls, permutes and
-   irregular rings (whose flows follow the members' order) becomes one bincount and one
-   matrix product;
+2. routing is linear too, so a transfer adds its bytes to the links of its route in the
+   model's :func:`~aoizora_lab.comm_model.route_matrix` (kept as one run of (link,
+   fraction) entries per chip pair): a batch of all-to-alls, permutes and irregular rings
+   (whose flows follow the members' order) becomes one bincount over their route entries;
 3. a *regular* group (a line, a block) runs per-axis physical rings whatever its members'
-   order, so its per-phase loads are cached per chip set; which groups are regular is itself
-   decided for the whole batch at once (distinct positions per axis multiply to the size).
+   order, so its per-phase loads are worked out once per chip set (keyed by a hash of the
+   set) and gathered from a table after that;
+4. a local search moves by swapping two positions, and only the groups holding them change:
+   :meth:`PlacementScorer.swap_scores` re-prices those groups against the kept loads of the
+   order they came from.
 
-On ``v5e:4x4`` with a Wan 14B program (11 structures) this scores about 20-50 thousand
-placements per second on one core (``benchmarks/placement_throughput.py``).
+Throughput (placements per second on one core, ``benchmarks/placement_throughput.py``, the
+table in ``reports/benchmarks.md``): tens of thousands at 16 chips; the swap scoring is what
+keeps 64 and 256 chips in the same range, where a whole placement costs chips x links.
 
 **Symmetry** (:func:`symmetries`): mirrors of each axis, swaps of equal axes with equal wrap,
 and translations along wrapped axes map the slice onto itself and leave every score unchanged;
@@ -366,22 +369,42 @@ class PlacementScorer:
             scale[-intra:] = (self.chip.ici_link_bandwidth * self.chip.ici_efficiency
                               / self.chip.intra_chip_bandwidth)
             routes = (routes @ sparse.diags(scale)).tocsr()
-        # Dense routes and traffic are faster while they are small (16 chips: 256 x 64).
-        self._dense = routes.shape[0] * routes.shape[1] <= 1 << 22
-        self._routes = routes.toarray() if self._dense else routes
-        # A chip set as one integer (bit per chip) when every chip hosts one device.
-        self._bitmask = topology.num_chips <= 63 and topology.devices_per_chip == 1
+        # Each chip pair's route as a run of (link, fraction) entries: a flow adds its bytes
+        # to the few links of its route only (a traffic matrix times the route matrix costs
+        # chips^2 x links per placement: 1M multiply-adds at 64 chips, for ~500 flows).
+        routes = routes.tocsr()
+        routes.sort_indices()
+        self._route_start = routes.indptr[:-1].astype(np.int64)
+        self._route_len = np.diff(routes.indptr).astype(np.int64)
+        self._route_link = routes.indices.astype(np.int64)
+        self._route_fraction = routes.data.astype(np.float64)
+        self._num_links = routes.shape[1]
+        # A group's chip set keyed by the wrapping sum of random 64-bit numbers of its chips
+        # (a multiset hash: order-free, any slice size, collisions ~2^-64 per pair).
+        self._chip_key = np.random.default_rng(0).integers(
+            0, np.iinfo(np.int64).max, size=topology.num_chips, dtype=np.int64
+        ).astype(np.uint64)
         chips = np.arange(topology.num_chips)
         self._distances = topology.chip_distances(chips, chips)
         self._chip_of = topology.device_chip
-        self._regular_phases: dict[bytes, np.ndarray | None] = {}
+        # Regular chip sets seen so far: key -> row of the phase tables (-1: irregular), and
+        # their unit phase loads, one pass and two (an all-reduce), each aligned at phase 0.
+        self._set_rows: dict[int, int] = {}
+        self._tables = (np.zeros((1, 1, self._num_links)), np.zeros((1, 2, self._num_links)))
+        self._table_rows = 0
+        self._set_hops: dict[int, int] = {}
+        # Per structure, the groups each logical position is in (a permute's position is in
+        # two pairs), for swap_scores; and the terms of orders it has seen.
+        self._groups_holding = [_groups_holding(groups, topology.num_devices)
+                                for _, groups in self.structures]
+        self._known: dict[bytes, list[tuple[np.ndarray, np.ndarray]]] = {}
         self.evaluations = 0
         self.chunk = 256
 
     @property
     def group_layouts_modelled(self) -> int:
         """Distinct group chip sets whose regularity (and phases) the model has worked out."""
-        return len(self._regular_phases)
+        return len(self._set_rows)
 
     def scores(self, orders: Iterable[Sequence[int]] | np.ndarray) -> np.ndarray:
         """Predicted exposed communication seconds of the program on each order (rows of a
@@ -392,24 +415,136 @@ class PlacementScorer:
             return np.concatenate([self.scores(batch[i:i + self.chunk])
                                    for i in range(0, len(batch), self.chunk)])
         self.evaluations += len(batch)
+        return self._price(self._terms(batch))
+
+    def swap_scores(self, orders: np.ndarray, first: np.ndarray, second: np.ndarray
+                    ) -> np.ndarray:
+        """:meth:`scores` of each row of ``orders`` with its positions ``first[k]`` and
+        ``second[k]`` swapped, re-pricing only the groups that hold a swapped position.
+
+        The link loads are sums over groups, so a swap's loads are its base order's minus the
+        touched groups on the base plus them on the swap; the busiest link, the phases and
+        the overlap groups are then priced in full, exactly as :meth:`scores` prices them (to
+        rounding). The terms of each base order are kept, and so are those of the swaps of
+        the last call: a local search that moves to one of them does not rescore it.
+        Example: on ``v5e:8x8`` a ``(2, 8, 4)`` program's all-to-alls over the 8-way axis
+        re-price 2 of 8 groups per swap.
+        """
+        orders = np.atleast_2d(np.asarray(orders, dtype=np.int64))
+        first, second = np.asarray(first, dtype=np.int64), np.asarray(second, dtype=np.int64)
+        if len(orders) > self.chunk:
+            return np.concatenate([
+                self.swap_scores(orders[i:i + self.chunk], first[i:i + self.chunk],
+                                 second[i:i + self.chunk])
+                for i in range(0, len(orders), self.chunk)])
+        self.evaluations += len(orders)
+        rows = np.arange(len(orders))
+        trials = orders.copy()
+        trials[rows, first], trials[rows, second] = orders[rows, second], orders[rows, first]
+        # Few distinct bases (a search's current orders): found by their bytes, which is
+        # much faster than sorting rows.
+        index_of: dict[bytes, int] = {}
+        which = np.array([index_of.setdefault(row.tobytes(), len(index_of)) for row in orders])
+        bases = orders[np.unique(which, return_index=True)[1]]  # base m: first row m
+        base_terms = self._base_terms(bases)
+        terms = []
+        for index, (kind, groups) in enumerate(self.structures):
+            touched = self._touched_groups(index, first, second)  # [K, T], -1: none
+            unused = touched < 0
+            slots = np.where(unused, 0, touched)
+            old = self._chip_of[orders[rows[:, None, None], groups[slots]]]  # [K, T, S]
+            new = self._chip_of[trials[rows[:, None, None], groups[slots]]]
+            new = np.where(unused[..., None], old, new)  # unused slots cancel out
+            delta = self._unit_phase_delta(kind, old, new)
+            base_loads, base_hops = base_terms[index]
+            phases = max(base_loads.shape[1], delta.shape[1])
+            loads = _pad_phases(base_loads, phases)[which.ravel()]
+            loads += _pad_phases(delta, phases)
+            hops = base_hops[which.ravel()]
+            row, slot = np.nonzero(~unused)  # each touched group once per row
+            hops[row, touched[row, slot]] = self._group_hops(new)[row, slot]
+            terms.append((loads, hops))
+        known = {b.tobytes(): self._known[b.tobytes()] for b in bases}
+        known.update((trials[k].tobytes(), [(loads[k:k + 1], hops[k:k + 1])
+                                            for loads, hops in terms])
+                     for k in range(len(trials)))
+        self._known = known
+        return self._price(terms)
+
+    def score(self, order: Sequence[int] | np.ndarray) -> float:
+        """Predicted exposed communication seconds of the program on ``order``."""
+        return float(self.scores([order])[0])
+
+    def _terms(self, batch: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Per structure: unit-byte link loads ``[B, phases, links]`` and each group's
+        longest hop count ``[B, groups]`` on every order of ``batch``."""
+        terms = []
+        for kind, groups in self.structures:
+            chips = self._chip_of[batch[:, groups]]  # [B, G, S]
+            terms.append((self._unit_phase_loads(kind, chips), self._group_hops(chips)))
+        return terms
+
+    def _base_terms(self, bases: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
+        """:meth:`_terms` of ``bases``, from what earlier calls kept where they can."""
+        missing = [b for b in bases if b.tobytes() not in self._known]
+        if missing:
+            fresh = self._terms(np.array(missing))
+            for k, base in enumerate(missing):
+                self._known[base.tobytes()] = [(loads[k:k + 1], hops[k:k + 1])
+                                               for loads, hops in fresh]
+        per_base = [self._known[b.tobytes()] for b in bases]
+        terms = []
+        for index in range(len(self.structures)):
+            parts = [entry[index] for entry in per_base]
+            phases = max(loads.shape[1] for loads, _ in parts)
+            terms.append((np.concatenate([_pad_phases(loads, phases) for loads, _ in parts]),
+                          np.concatenate([hops for _, hops in parts])))
+        return terms
+
+    def _touched_groups(self, index: int, first: np.ndarray, second: np.ndarray
+                        ) -> np.ndarray:
+        """Groups of structure ``index`` holding position ``first[k]`` or ``second[k]``,
+        each once per row ``[K, T]`` (-1 pads)."""
+        holding = self._groups_holding[index]
+        a, b = holding[first], holding[second]
+        b = np.where((b[:, :, None] == a[:, None, :]).any(axis=2), -1, b)
+        return np.concatenate([a, b], axis=1)
+
+    def _group_hops(self, chips: np.ndarray) -> np.ndarray:
+        """Longest chip-to-chip distance within each group ``[B, G]`` of ``chips``
+        ``[B, G, S]``."""
+        members = chips.shape[-1]
+        if members <= 8:  # at most 64 lookups a group: cheaper than finding the set
+            distances = self._distances[chips[..., :, None], chips[..., None, :]]
+            return distances.reshape(*chips.shape[:2], -1).max(axis=2)
+        # Large groups: the longest distance depends only on the chip set (one per key).
+        keys = self._chip_key[chips].sum(axis=2)
+        distinct, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
+        flat = chips.reshape(-1, members)
+        hops = np.array([self._set_hops.get(key, -1) for key in distinct.tolist()])
+        for index in np.nonzero(hops < 0)[0]:
+            group = flat[first[index]]
+            hops[index] = self._set_hops[int(distinct[index])] = int(
+                self._distances[group[:, None], group[None, :]].max())
+        return hops[inverse.ravel()].reshape(chips.shape[:2])
+
+    def _price(self, terms: list[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
+        """Exposed seconds of each order from its per-structure :meth:`_terms`."""
         per_byte = 1.0 / (self.chip.ici_link_bandwidth * self.chip.ici_efficiency)
         # One byte of each distinct (kind, groups): busiest-link time summed over phases,
         # the loads summed over phases (for groups in flight together) and the latency.
         unit_time, unit_loads, latency = [], [], []
-        for kind, groups in self.structures:
-            chips = self._chip_of[batch[:, groups]]  # [B, G, S]
-            loads = self._unit_phase_loads(kind, chips)  # [B, phases, links] for one byte
-            hops = self._distances[chips[..., :, None], chips[..., None, :]].reshape(
-                len(batch), -1).max(axis=1)
+        for (kind, _), (loads, hops) in zip(self.structures, terms, strict=True):
+            longest = hops.max(axis=1, initial=0)
             if kind == "all-reduce":
-                hops = 2 * hops
+                longest = 2 * longest
             unit_time.append(loads.max(axis=2, initial=0.0).sum(axis=1) * per_byte)
             unit_loads.append(loads)
-            latency.append(hops * self.chip.ici_hop_latency)
+            latency.append(longest * self.chip.ici_hop_latency)
         alone = [np.maximum(unit_time[s] * c.bytes + latency[s], self._hbm_s[i])
                  for i, (c, s) in enumerate(zip(self.program, self._structure_of,
                                                 strict=True))]
-        totals = np.zeros(len(batch))
+        totals = np.zeros(len(unit_time[0]) if unit_time else 0)
         for group in self.groups:
             member_s = np.stack([alone[i] for i in group.members])
             joint = member_s.max(axis=0)
@@ -421,24 +556,20 @@ class PlacementScorer:
             totals += group_exposed(group, member_s, joint) * group.runs
         return totals
 
-    def score(self, order: Sequence[int] | np.ndarray) -> float:
-        """Predicted exposed communication seconds of the program on ``order``."""
-        return float(self.scores([order])[0])
-
     def _link_loads(self, flows: tuple[np.ndarray, np.ndarray, np.ndarray],
                     rows: np.ndarray, num_rows: int) -> np.ndarray:
         """Link loads ``[num_rows, links]`` of ``flows``, flow *i* counted in row ``rows[i]``."""
-        from scipy import sparse
-
         src, dst, size = flows
-        chips = self.topology.num_chips
-        if self._dense:
-            traffic = np.bincount(rows * chips * chips + src * chips + dst, size,
-                                  minlength=num_rows * chips * chips)
-            return traffic.reshape(num_rows, chips * chips) @ self._routes
-        traffic = sparse.csr_matrix((size, (rows, src * chips + dst)),
-                                    shape=(num_rows, chips * chips))
-        return (traffic @ self._routes).toarray()
+        pair = src * self.topology.num_chips + dst
+        length = self._route_len[pair]
+        total = int(length.sum())
+        # Entry k of flow i's route: index start[i] + k into the route arrays.
+        first = np.cumsum(length) - length
+        entry = np.repeat(self._route_start[pair] - first, length) + np.arange(total)
+        weight = np.repeat(np.asarray(size, dtype=np.float64), length) * self._route_fraction[entry]
+        slot = np.repeat(rows, length) * self._num_links + self._route_link[entry]
+        return np.bincount(slot, weight, minlength=num_rows * self._num_links).reshape(
+            num_rows, self._num_links)
 
     def _unit_phase_loads(self, kind: str, chips: np.ndarray) -> np.ndarray:
         """Per-phase link loads ``[B, phases, links]`` of one byte of ``kind`` on ``chips``.
@@ -447,73 +578,148 @@ class PlacementScorer:
         *k*-th phase, exactly as :func:`~aoizora_lab.estimate` merges them.
         """
         batch, num_groups, members = chips.shape
-        links = self._routes.shape[1]
         if kind in ("collective-permute", "all-to-all"):
             flows = direct_flows(kind, chips, 1.0)
             rows = np.repeat(np.arange(batch), len(flows[0]) // batch)
             return self._link_loads(flows, rows, batch)[:, None, :]
         repeats = 2 if kind == "all-reduce" else 1
         shard = gathered_shard(kind, 1.0, members)
-        # Regular groups: phases depend only on the chip set; looked up per distinct set.
-        tables, compact = self._regular_sets(chips.reshape(-1, members))
-        regular = (compact >= 0).reshape(batch, num_groups)
-        phases = max([len(e) * repeats for e in tables] + [0])
-        if not regular.all():
-            phases = max(phases, repeats)
-        loads = np.zeros((batch, phases, links))
-        if regular.any() and phases:
-            table = np.zeros((len(tables), phases, links))
-            for index, entry in enumerate(tables):
-                if len(entry):
-                    table[index, :len(entry) * repeats] = np.concatenate([entry] * repeats)
-            rows = np.repeat(np.arange(batch), num_groups)
-            counts = np.bincount(rows[compact >= 0] * len(tables) + compact[compact >= 0],
-                                 minlength=batch * len(tables)).reshape(batch, len(tables))
-            loads += (counts @ table.reshape(len(tables), -1)).reshape(
-                batch, phases, links) * shard
-        if not regular.all():
+        # Regular groups: phases depend only on the chip set; each row adds the table rows
+        # of its groups (the table's last row, zeros, for irregular ones).
+        picks = self._set_table_rows(chips.reshape(-1, members)).reshape(batch, num_groups)
+        table = self._tables[repeats - 1]
+        irregular = picks < 0
+        picks = np.where(irregular, self._table_rows, picks)
+        loads = table[picks[:, 0]] * shard
+        for group in range(1, num_groups):
+            loads += table[picks[:, group]] * shard
+        if irregular.any():
             # Irregular groups: one ring in member order, whose cost depends on that order.
             src, dst, size = ring_flows(chips.reshape(-1, members), shard)
-            keep = np.repeat(~regular.ravel(), 2 * members)
+            keep = np.repeat(irregular.ravel(), 2 * members)
             rows = np.repeat(np.arange(batch), num_groups * 2 * members)[keep]
             ring = self._link_loads((src[keep], dst[keep], size[keep]), rows, batch)
             loads[:, :repeats] += ring[:, None, :]
         return loads
 
-    def _regular_sets(self, groups: np.ndarray) -> tuple[list[np.ndarray], np.ndarray]:
-        """Unit phase loads of the distinct regular chip sets among ``groups`` ``[N, members]``
-        and each group's index into them (-1: irregular)."""
-        if self._bitmask:
-            # One device per chip: regular <=> the chips are every combination of their
-            # per-axis positions, so distinct positions multiply to the group size.
-            coords = np.sort(self.topology.chip_coords[groups], axis=1)
-            distinct = 1 + (np.diff(coords, axis=1) != 0).sum(axis=1)
-            regular = distinct.prod(axis=1) == groups.shape[1]
-            masks = np.bitwise_or.reduce(
-                np.left_shift(np.uint64(1), groups[regular].astype(np.uint64)), axis=1)
-            _, first, inverse = np.unique(masks, return_index=True, return_inverse=True)
-            rows = np.sort(groups[regular][first], axis=1)
-            compact = np.full(len(groups), -1)
-            compact[regular] = inverse.ravel()
-            return [self._regular_group_phases(row) for row in rows], compact
-        sets, inverse = np.unique(np.sort(groups, axis=1), axis=0, return_inverse=True)
-        entries = [self._regular_group_phases(row) for row in sets]
-        is_regular = np.array([e is not None for e in entries], dtype=bool)
-        compact = np.where(is_regular, np.cumsum(is_regular) - 1, -1)[inverse.ravel()]
-        return [e for e in entries if e is not None], compact
+    def _unit_phase_delta(self, kind: str, old: np.ndarray, new: np.ndarray) -> np.ndarray:
+        """:meth:`_unit_phase_loads` of ``new`` minus that of ``old`` (``[B, G, S]`` chips,
+        the same groups before and after a swap), routing only the flows that differ.
 
-    def _regular_group_phases(self, sorted_chips: np.ndarray) -> np.ndarray | None:
-        """Per-phase unit loads ``[phases, links]`` of a regular group's all-gather, or
-        ``None`` for an irregular group; cached per chip set."""
-        key = sorted_chips.tobytes()
-        if key not in self._regular_phases:
-            entry = None
-            if group_layout(sorted_chips, self.topology)[3]:
-                phases = all_gather_phases(sorted_chips, 1.0, self.topology, self.options)
-                entry = np.stack([self._link_loads(flows, np.zeros(len(flows[0]), dtype=int), 1)[0]
-                                  for flows in phases]) if phases else np.zeros((0, 0))
-            self._regular_phases[key] = entry
-        return self._regular_phases[key]
+        Flows come out of ``direct_flows`` and ``ring_flows`` in the same layout for both,
+        so a flow between the same chips at the same index cancels and is left out: a swap
+        re-routes the flows of its two moved members, not their whole groups.
+        """
+        batch, num_groups, members = old.shape
+        if kind in ("collective-permute", "all-to-all"):
+            before, after = direct_flows(kind, old, 1.0), direct_flows(kind, new, 1.0)
+            rows = np.repeat(np.arange(batch), len(before[0]) // batch)
+            differ = (before[0] != after[0]) | (before[1] != after[1])
+            return self._signed_loads(before, after, differ, differ, rows, batch)[:, None, :]
+        repeats = 2 if kind == "all-reduce" else 1
+        shard = gathered_shard(kind, 1.0, members)
+        picks = [self._set_table_rows(chips.reshape(-1, members)).reshape(batch, num_groups)
+                 for chips in (old, new)]
+        table = self._tables[repeats - 1]
+        rows_of = [np.where(p < 0, self._table_rows, p) for p in picks]
+        loads = np.zeros((batch, table.shape[1], table.shape[2]))
+        for group in range(num_groups):
+            moved = np.nonzero(rows_of[1][:, group] != rows_of[0][:, group])[0]
+            if len(moved):  # a swap inside a group keeps its set, and its table row
+                loads[moved] += (table[rows_of[1][moved, group]]
+                                 - table[rows_of[0][moved, group]])
+        loads *= shard
+        irregular = [p.ravel() < 0 for p in picks]
+        if irregular[0].any() or irregular[1].any():
+            before = ring_flows(old.reshape(-1, members), shard)
+            after = ring_flows(new.reshape(-1, members), shard)
+            ring_old, ring_new = (np.repeat(i, 2 * members) for i in irregular)
+            differ = (before[0] != after[0]) | (before[1] != after[1]) | (ring_old != ring_new)
+            rows = np.repeat(np.arange(batch), num_groups * 2 * members)
+            ring = self._signed_loads(before, after, ring_old & differ, ring_new & differ,
+                                      rows, batch)
+            loads[:, :repeats] += ring[:, None, :]
+        return loads
+
+    def _signed_loads(self, before: tuple[np.ndarray, np.ndarray, np.ndarray],
+                      after: tuple[np.ndarray, np.ndarray, np.ndarray],
+                      drop: np.ndarray, add: np.ndarray, rows: np.ndarray,
+                      num_rows: int) -> np.ndarray:
+        """Link loads of the ``add`` flows of ``after`` minus the ``drop`` flows of
+        ``before`` (``rows``: each flow's row)."""
+        flows = tuple(np.concatenate([b[drop], a[add]]) for b, a in zip(before, after,
+                                                                         strict=True))
+        sign = np.concatenate([-np.ones(int(drop.sum())), np.ones(int(add.sum()))])
+        return self._link_loads((flows[0], flows[1], flows[2] * sign),
+                                np.concatenate([rows[drop], rows[add]]), num_rows)
+
+    def _set_table_rows(self, groups: np.ndarray) -> np.ndarray:
+        """Each group's row in the phase tables (``groups`` ``[N, members]`` of chips), -1
+        for an irregular chip set; a set seen for the first time is worked out once."""
+        keys = self._chip_key[groups].sum(axis=1)  # wraps: a hash of the multiset
+        distinct, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
+        rows = np.full(len(distinct), -1, dtype=np.int64)
+        maybe = np.arange(len(distinct))
+        if self.topology.devices_per_chip == 1:
+            # A regular set is every combination of its chips' per-axis positions, so their
+            # distinct positions multiply to its size: most sets a swap makes fail this at
+            # once, without a lookup or working out their layout.
+            coords = np.sort(self.topology.chip_coords[groups[first]], axis=1)
+            positions = 1 + (np.diff(coords, axis=1) != 0).sum(axis=1)
+            maybe = np.nonzero(positions.prod(axis=1) == groups.shape[1])[0]
+        for index in maybe.tolist():
+            key = int(distinct[index])
+            row = self._set_rows.get(key)
+            if row is None:
+                row = self._set_rows[key] = self._add_set(np.sort(groups[first[index]]))
+            rows[index] = row
+        return rows[inverse.ravel()]
+
+    def _add_set(self, sorted_chips: np.ndarray) -> int:
+        """Work out a new chip set: its table row when regular (per-axis rings whatever the
+        members' order), else -1."""
+        if not group_layout(sorted_chips, self.topology)[3]:
+            return -1
+        phases = all_gather_phases(sorted_chips, 1.0, self.topology, self.options)
+        entry = np.stack([self._link_loads(flows, np.zeros(len(flows[0]), dtype=np.int64), 1)[0]
+                          for flows in phases]) if phases else np.zeros((0, self._num_links))
+        single, double = self._tables
+        row = self._table_rows
+        if row + 1 >= len(single) or len(entry) > single.shape[1]:
+            # Grow (doubling rows; phases to the longest entry); the last row stays zeros.
+            rows, width = max(2 * len(single), row + 2), max(single.shape[1], len(entry))
+            single = _grown(single, rows, width, row)
+            double = _grown(double, rows, 2 * width, row)
+        single[row, :len(entry)] = entry
+        double[row, :2 * len(entry)] = np.concatenate([entry, entry])
+        self._tables = (single, double)
+        self._table_rows = row + 1
+        return row
+
+
+def _grown(table: np.ndarray, rows: int, phases: int, used: int) -> np.ndarray:
+    """A zero table ``[rows, phases, links]`` holding ``table``'s first ``used`` rows."""
+    grown = np.zeros((rows, phases, table.shape[2]))
+    grown[:used, :table.shape[1]] = table[:used]
+    return grown
+
+
+def _pad_phases(loads: np.ndarray, phases: int) -> np.ndarray:
+    """``loads`` ``[B, p, links]`` with zero phases appended up to ``phases``."""
+    if loads.shape[1] == phases:
+        return loads
+    return np.pad(loads, ((0, 0), (0, phases - loads.shape[1]), (0, 0)))
+
+
+def _groups_holding(groups: np.ndarray, num_devices: int) -> np.ndarray:
+    """``[num_devices, m]``: the groups (rows of ``groups``) each position is in, once each,
+    padded with -1."""
+    holding: list[list[int]] = [[] for _ in range(num_devices)]
+    for index, members in enumerate(groups):
+        for position in dict.fromkeys(members.tolist()):
+            holding[position].append(index)
+    width = max(1, max(len(h) for h in holding))
+    return np.array([h + [-1] * (width - len(h)) for h in holding], dtype=np.int64)
 
 
 # ----------------------------------------------------------------------------- search
@@ -562,8 +768,12 @@ class ScoredPlacements(Records[ScoredPlacement]):
                 "busiest_link": self._busiest(item.placement) if self._busiest else "-"}
 
 
+LOCAL_SEARCH_STARTS = 5
+"""Placements the local search of :func:`search_placements` starts from (its ``top``)."""
+
+
 def search_placements(program: Any, mesh_shape: Sequence[int], topology: Topology, *,
-                      budget: int = 20_000, top: int = 5, seed: int = 0,
+                      budget: int = 20_000, top: int = LOCAL_SEARCH_STARTS, seed: int = 0,
                       axis_names: Sequence[str] | None = None,
                       extra: Sequence[Placement] = (), chip: ChipSpec | None = None,
                       options: ModelOptions | None = None) -> ScoredPlacements:
@@ -594,10 +804,11 @@ def search_placements(program: Any, mesh_shape: Sequence[int], topology: Topolog
     starts = sorted(found.values(), key=lambda r: r.exposed_s)[:top]
     rng = np.random.default_rng(seed)
     per_start = max(0, (budget - scorer.evaluations) // max(1, len(starts)))
-    consider([Placement(tuple(_anneal(scorer, np.array(start.placement.order), per_start,
-                                      rng)),
-                        f"local search from: {start.placement.description}")
-              for start in starts], Source.LOCAL_SEARCH)
+    if starts:
+        ends = anneal(scorer, np.array([start.placement.order for start in starts]),
+                       per_start, rng)
+        consider([Placement(tuple(end), f"local search from: {start.placement.description}")
+                  for start, end in zip(starts, ends, strict=True)], Source.LOCAL_SEARCH)
 
     def busiest(placement: Placement) -> str:
         return str(estimate(scorer.program, topology, placement, chip=scorer.chip,
@@ -606,37 +817,43 @@ def search_placements(program: Any, mesh_shape: Sequence[int], topology: Topolog
     return ScoredPlacements(sorted(found.values(), key=lambda r: r.exposed_s), busiest=busiest)
 
 
-def _anneal(scorer: PlacementScorer, order: np.ndarray, evaluations: int,
+def anneal(scorer: PlacementScorer, starts: np.ndarray, evaluations: int,
             rng: np.random.Generator, proposals: int = 8) -> np.ndarray:
-    """Batched simulated annealing over pairwise swaps; returns the best order seen.
+    """Batched simulated annealing over pairwise swaps, one chain per row of ``starts``, all
+    chains stepped together; returns each chain's best order (``evaluations`` per chain).
 
-    Each step scores ``proposals`` random swaps of the current order in one batch and moves to
-    the best of them when it is no worse, or with the Metropolis probability at a temperature
-    that falls linearly from 5 % of the start score to zero. Batches of 8 keep most of the
-    batch speed-up and enough steps: on 14B@720p ``cfg2-uly8-fsdp`` (v5e:4x4, 4,000
-    evaluations per start) 1 and 8 proposals reach 1.162 s of communication, 32 stall at 1.251.
+    Each step scores ``proposals`` random swaps of every chain's current order in one batch
+    (:meth:`PlacementScorer.swap_scores`: only the groups a swap touches are re-priced) and
+    moves each chain to the best of its swaps when it is no worse, or with the Metropolis
+    probability at a temperature that falls linearly from 5 % of the chain's start score to
+    zero. Swaps of 8 per chain keep most of the batch speed-up and enough steps: on 14B@720p
+    ``cfg2-uly8-fsdp`` (v5e:4x4, 4,000 evaluations per start) 1 and 8 proposals reach 1.162 s
+    of communication, 32 stall at 1.251.
     """
-    current, current_s = order.copy(), scorer.score(order)
-    best, best_s = current.copy(), current_s
-    n = len(order)
+    current = np.array(starts, dtype=np.int64)
+    chains, n = current.shape
+    current_s = scorer.scores(current)
+    best, best_s = current.copy(), current_s.copy()
     steps = evaluations // proposals
     if n < 2 or steps <= 0:
         return best
     start_temperature = 0.05 * current_s
-    rows = np.arange(proposals)
+    rows = np.arange(chains)
     for step in range(steps):
-        i = rng.integers(0, n, size=proposals)
-        j = (i + rng.integers(1, n, size=proposals)) % n  # never i
-        trials = np.repeat(current[None], proposals, axis=0)
-        trials[rows, i], trials[rows, j] = current[j], current[i]
-        scores = scorer.scores(trials)
-        pick = int(np.argmin(scores))
-        delta = scores[pick] - current_s
+        i = rng.integers(0, n, size=(chains, proposals))
+        j = (i + rng.integers(1, n, size=(chains, proposals))) % n  # never i
+        scores = scorer.swap_scores(np.repeat(current, proposals, axis=0), i.ravel(),
+                                    j.ravel()).reshape(chains, proposals)
+        pick = scores.argmin(axis=1)
+        delta = scores[rows, pick] - current_s
         temperature = start_temperature * (1 - step / steps) + 1e-30
-        if delta <= 0 or rng.random() < math.exp(-delta / temperature):
-            current, current_s = trials[pick], scores[pick]
-            if current_s < best_s:
-                best, best_s = current.copy(), current_s
+        uphill = np.exp(-np.maximum(delta, 0.0) / temperature)
+        move = np.nonzero((delta <= 0) | (rng.random(chains) < uphill))[0]
+        a, b = i[move, pick[move]], j[move, pick[move]]
+        current[move, a], current[move, b] = current[move, b], current[move, a]
+        current_s[move] = scores[move, pick[move]]
+        better = current_s < best_s
+        best[better], best_s[better] = current[better], current_s[better]
     return best
 
 

@@ -54,6 +54,44 @@ def test_scorer_fallbacks_match_the_ici_model(shape, per_chip):
     np.testing.assert_allclose(scorer.scores(orders), expected, rtol=1e-12)
 
 
+def _with_ring_shift(program, mesh):
+    """``program`` plus a ring shift along mesh axis 1 (each position in two permute pairs)."""
+    shift = [(ring[k], ring[(k + 1) % len(ring)])
+             for ring in az.mesh_axis_groups(mesh, [1]) for k in range(len(ring))]
+    return [*program, az.Collective("collective-permute", shift, 3e6, count=20)]
+
+
+@pytest.mark.parametrize(("shape", "wrap", "per_chip"), [
+    ((4, 4), None, 1), ((4, 4), (True, True), 1), ((2, 2, 4), None, 1), ((2, 4), None, 2),
+    ((8, 8), None, 1)])
+def test_swap_scores_are_the_scores_of_the_swapped_orders(shape, wrap, per_chip):
+    topology = az.Topology.simulated(shape, generation="v5p" if len(shape) == 3 else "v5e",
+                                     wrap=wrap, devices_per_chip=per_chip)
+    n = topology.num_devices
+    mesh = (2, n // 2)
+    program = _with_ring_shift(_program(mesh), mesh)
+    scorer = PlacementScorer(program, topology)
+    rng = np.random.default_rng(3)
+    # Bases: a structured placement (regular groups) and a random one (irregular groups).
+    bases = np.array([structured_placements(mesh, topology)[0].order, rng.permutation(n)])
+    orders = bases[rng.integers(0, 2, size=300)]
+    first, second = rng.integers(0, n, size=(2, 300))  # same position twice: no swap
+    swapped = orders.copy()
+    rows = np.arange(len(orders))
+    swapped[rows, first], swapped[rows, second] = orders[rows, second], orders[rows, first]
+    expected = [az.estimate(program, topology, o).seconds for o in swapped[:40]]
+    np.testing.assert_allclose(scorer.swap_scores(orders, first, second)[:40], expected,
+                               rtol=1e-9)
+    fresh = PlacementScorer(program, topology)
+    np.testing.assert_allclose(scorer.swap_scores(orders, first, second),
+                               fresh.scores(swapped), rtol=1e-9)
+    # A swapped order as the next base (what the local search does after a move) is priced
+    # from the terms the last call kept, and swaps back to where it came from.
+    again = scorer.swap_scores(swapped[:5], second[:5], first[:5])
+    np.testing.assert_allclose(again, fresh.scores(orders[:5]), rtol=1e-9)
+    assert scorer.evaluations == 300 + 300 + 5
+
+
 def test_snake_and_folded_orders_keep_ring_neighbours_close():
     # A logical ring of 8 without wraparound links: on 2x4 a snake closes the ring with one-hop
     # steps only; on a line of 8 a folded order needs at most two hops per step. Plain orders
