@@ -3,7 +3,7 @@
     python benchmarks/placement_throughput.py [--evaluations 20000] [--cache-dir DIR] \
         [--case wan2.1-t2v-14b@1280x720x81/v5e:4x4 cfg2-uly8-fsdp ...]
 
-For each case and candidate (default: ``aoizora_lab.bench.THROUGHPUT_CASES``, 8, 16 and 64
+For each case and candidate (default: ``aoizora_lab.bench.THROUGHPUT_CASES``, 8, 16, 64 and 256
 chips), compiles the candidate (or takes it from the compile cache), builds its CommProgram,
 and times the scorer on the search's own workload: every structured placement, then
 local-search neighbourhoods (pairwise swaps of the best ones), in batches. The measurement

@@ -186,6 +186,17 @@ def test_a_report_regenerated_in_part_keeps_its_other_sections(tmp_path):
         part.add("Plan quality\n")
 
 
+def test_two_runs_writing_one_report_keep_each_others_sections(tmp_path):
+    path = tmp_path / "benchmarks.md"
+    quality = bench.ReportFile(path, keep=True, command="aoizora-lab bench --only plan-quality")
+    throughput = bench.ReportFile(path, keep=True, command="python benchmarks/throughput.py")
+    quality.add("## Plan quality\n\ncase 1\n")
+    throughput.add("## Placement throughput\n\nall chips\n")
+    quality.add("## Plan quality\n\ncases 1 and 2\n")  # started before the other wrote
+    text = path.read_text()
+    assert "all chips" in text and "cases 1 and 2" in text and "case 1\n" not in text
+
+
 def test_failed_cases_are_rows_not_crashes():
     quality = bench.plan_quality(["wan2.1-t2v-14b@1080p/v5e:2x2"])
     assert quality.summary.iloc[0]["status"].startswith("error: AoizoraError")

@@ -184,7 +184,8 @@ class ReportFile:
     With ``keep=True`` the sections already in the file stay, each replaced in place when a
     section of the same heading is added, so one benchmark can be regenerated on its own; a
     section added beside kept ones carries the date it was generated (the header's date is
-    the last write's).
+    the last write's). The file is read again before each write, so two runs writing
+    different sections of one report at the same time keep each other's.
     """
 
     def __init__(self, path: str | Path, *, command: str = "aoizora-lab bench",
@@ -208,6 +209,8 @@ class ReportFile:
             date = environment()["date"]
             heading, _, body = section.strip("\n").partition("\n")
             section = f"{heading}\n\n_Regenerated on {date} by `{self.command}`._\n{body}"
+        if self.keep and self.path.exists():
+            self.sections = _sections(self.path.read_text())
         titles = [section_title(s) for s in self.sections]
         if title in titles:
             self.sections[titles.index(title)] = section
