@@ -335,6 +335,12 @@ def _group_runs(sizes: list[int], mesh_shape: tuple[int, ...]
 
 # ----------------------------------------------------------------------------- scoring
 
+Terms = tuple[np.ndarray, np.ndarray, "np.ndarray | None"]
+"""One structure's part of a batch's score: unit-byte link loads ``[B, phases, links]``,
+each group's longest hop count ``[B, groups]``, and for gathers and reductions each group's
+row in the phase tables ``[B, groups]`` (-1: irregular; ``None`` for other kinds)."""
+
+
 
 class PlacementScorer:
     """Predicted exposed communication seconds of one program under many placements (see
@@ -358,6 +364,17 @@ class PlacementScorer:
         self.structures = [(kind, np.array(groups, dtype=np.int64))
                            for kind, groups in structures]
         self._hbm_s = np.array([hbm_seconds(c, self.chip) for c in items])
+        self._bytes = np.array([float(c.bytes) for c in items])
+        self._structure_index = np.array(self._structure_of, dtype=np.int64)
+        # Hop latency per hop of each structure (an all-reduce crosses its group twice).
+        self._hop_factor = np.array([(2.0 if kind == "all-reduce" else 1.0)
+                                     * self.chip.ici_hop_latency for kind, _ in structures])
+        singles = [g for g in self.groups if len(g.members) == 1]
+        self._single_member = np.array([g.members[0] for g in singles], dtype=np.int64)
+        self._single_async = np.array([g.asynchronous[0] for g in singles], dtype=bool)
+        self._single_window = np.array([g.window_s for g in singles], dtype=np.float64)
+        self._single_runs = np.array([float(g.runs) for g in singles])
+        self._multi_groups = [g for g in self.groups if len(g.members) > 1]
         routes = route_matrix(topology, self.options)
         intra = intra_chip_slots(topology)
         if intra:
@@ -397,7 +414,8 @@ class PlacementScorer:
         # two pairs), for swap_scores; and the terms of orders it has seen.
         self._groups_holding = [_groups_holding(groups, topology.num_devices)
                                 for _, groups in self.structures]
-        self._known: dict[bytes, list[tuple[np.ndarray, np.ndarray]]] = {}
+        self._known: dict[bytes, list[Terms]] = {}
+        self._last: tuple[dict[bytes, int], list[Terms]] = ({}, [])
         self.evaluations = 0
         self.chunk = 256
 
@@ -444,7 +462,8 @@ class PlacementScorer:
         # Few distinct bases (a search's current orders): found by their bytes, which is
         # much faster than sorting rows.
         index_of: dict[bytes, int] = {}
-        which = np.array([index_of.setdefault(row.tobytes(), len(index_of)) for row in orders])
+        which = np.array([index_of.setdefault(row.tobytes(), len(index_of)) for row in orders],
+                         dtype=np.int64)
         bases = orders[np.unique(which, return_index=True)[1]]  # base m: first row m
         base_terms = self._base_terms(bases)
         terms = []
@@ -455,50 +474,67 @@ class PlacementScorer:
             old = self._chip_of[orders[rows[:, None, None], groups[slots]]]  # [K, T, S]
             new = self._chip_of[trials[rows[:, None, None], groups[slots]]]
             new = np.where(unused[..., None], old, new)  # unused slots cancel out
-            delta = self._unit_phase_delta(kind, old, new)
-            base_loads, base_hops = base_terms[index]
-            phases = max(base_loads.shape[1], delta.shape[1])
-            loads = _pad_phases(base_loads, phases)[which.ravel()]
-            loads += _pad_phases(delta, phases)
-            hops = base_hops[which.ravel()]
+            base_loads, base_hops, base_picks = base_terms[index]
             row, slot = np.nonzero(~unused)  # each touched group once per row
+            picks = None
+            if base_picks is not None:
+                picks = base_picks[which]
+                old_picks = picks[rows[:, None], slots]
+                delta, new_picks = self._unit_phase_delta(kind, old, new, old_picks)
+                picks[row, touched[row, slot]] = new_picks[row, slot]
+            else:
+                delta, _ = self._unit_phase_delta(kind, old, new, None)
+            phases = max(base_loads.shape[1], delta.shape[1])
+            loads = _pad_phases(base_loads, phases)[which]
+            loads += _pad_phases(delta, phases)
+            hops = base_hops[which]
             hops[row, touched[row, slot]] = self._group_hops(new)[row, slot]
-            terms.append((loads, hops))
-        known = {b.tobytes(): self._known[b.tobytes()] for b in bases}
-        known.update((trials[k].tobytes(), [(loads[k:k + 1], hops[k:k + 1])
-                                            for loads, hops in terms])
-                     for k in range(len(trials)))
-        self._known = known
+            terms.append((loads, hops, picks))
+        self._known = {b.tobytes(): self._known[b.tobytes()] for b in bases}
+        # The swaps' terms stay in one piece; a swap that becomes a base is cut out then.
+        self._last = ({trials[k].tobytes(): k for k in range(len(trials))}, terms)
         return self._price(terms)
 
     def score(self, order: Sequence[int] | np.ndarray) -> float:
         """Predicted exposed communication seconds of the program on ``order``."""
         return float(self.scores([order])[0])
 
-    def _terms(self, batch: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
-        """Per structure: unit-byte link loads ``[B, phases, links]`` and each group's
-        longest hop count ``[B, groups]`` on every order of ``batch``."""
+    def _terms(self, batch: np.ndarray) -> list[Terms]:
+        """Per structure: unit-byte link loads ``[B, phases, links]``, each group's longest
+        hop count ``[B, groups]`` and (gathers, reductions) each group's row in the phase
+        tables ``[B, groups]`` on every order of ``batch``."""
         terms = []
         for kind, groups in self.structures:
             chips = self._chip_of[batch[:, groups]]  # [B, G, S]
-            terms.append((self._unit_phase_loads(kind, chips), self._group_hops(chips)))
+            loads, picks = self._unit_phase_loads(kind, chips)
+            terms.append((loads, self._group_hops(chips), picks))
         return terms
 
-    def _base_terms(self, bases: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
+    def _base_terms(self, bases: np.ndarray) -> list[Terms]:
         """:meth:`_terms` of ``bases``, from what earlier calls kept where they can."""
+        swaps, swap_terms = self._last
+        for base in bases:
+            key = base.tobytes()
+            if key not in self._known and key in swaps:
+                k = swaps[key]
+                self._known[key] = [tuple(None if part is None else part[k:k + 1]
+                                          for part in term) for term in swap_terms]
         missing = [b for b in bases if b.tobytes() not in self._known]
         if missing:
             fresh = self._terms(np.array(missing))
             for k, base in enumerate(missing):
-                self._known[base.tobytes()] = [(loads[k:k + 1], hops[k:k + 1])
-                                               for loads, hops in fresh]
+                self._known[base.tobytes()] = [
+                    tuple(None if part is None else part[k:k + 1] for part in term)
+                    for term in fresh]
         per_base = [self._known[b.tobytes()] for b in bases]
         terms = []
         for index in range(len(self.structures)):
             parts = [entry[index] for entry in per_base]
-            phases = max(loads.shape[1] for loads, _ in parts)
-            terms.append((np.concatenate([_pad_phases(loads, phases) for loads, _ in parts]),
-                          np.concatenate([hops for _, hops in parts])))
+            phases = max(part[0].shape[1] for part in parts)
+            picks = (None if parts[0][2] is None
+                     else np.concatenate([part[2] for part in parts]))
+            terms.append((np.concatenate([_pad_phases(part[0], phases) for part in parts]),
+                          np.concatenate([part[1] for part in parts]), picks))
         return terms
 
     def _touched_groups(self, index: int, first: np.ndarray, second: np.ndarray
@@ -533,26 +569,27 @@ class PlacementScorer:
         per_byte = 1.0 / (self.chip.ici_link_bandwidth * self.chip.ici_efficiency)
         # One byte of each distinct (kind, groups): busiest-link time summed over phases,
         # the loads summed over phases (for groups in flight together) and the latency.
-        unit_time, unit_loads, latency = [], [], []
-        for (kind, _), (loads, hops) in zip(self.structures, terms, strict=True):
-            longest = hops.max(axis=1, initial=0)
-            if kind == "all-reduce":
-                longest = 2 * longest
-            unit_time.append(loads.max(axis=2, initial=0.0).sum(axis=1) * per_byte)
-            unit_loads.append(loads)
-            latency.append(longest * self.chip.ici_hop_latency)
-        alone = [np.maximum(unit_time[s] * c.bytes + latency[s], self._hbm_s[i])
-                 for i, (c, s) in enumerate(zip(self.program, self._structure_of,
-                                                strict=True))]
-        totals = np.zeros(len(unit_time[0]) if unit_time else 0)
-        for group in self.groups:
-            member_s = np.stack([alone[i] for i in group.members])
-            joint = member_s.max(axis=0)
-            if len(group.members) > 1:
-                summed = sum(unit_loads[self._structure_of[i]].sum(axis=1)
-                             * self.program[i].bytes for i in group.members)
-                joint = summed.max(axis=1, initial=0.0) * per_byte + np.max(
-                    [latency[self._structure_of[i]] for i in group.members], axis=0)
+        if not terms:
+            return np.zeros(0)
+        unit_time = np.stack([loads.max(axis=2, initial=0.0).sum(axis=1) * per_byte
+                              for loads, _, _ in terms])  # [structures, B]
+        latency = np.stack([hops.max(axis=1, initial=0) for _, hops, _ in terms]
+                           ) * self._hop_factor[:, None]
+        of = self._structure_index
+        alone = np.maximum(unit_time[of] * self._bytes[:, None] + latency[of],
+                           self._hbm_s[:, None])  # [collectives, B]
+        # A collective in flight alone: all of it exposed when synchronous, what outlasts
+        # the compute scheduled beside it when asynchronous (cost.group_exposed).
+        single = alone[self._single_member]
+        window = self._single_window[:, None]
+        exposed = np.where(self._single_async[:, None],
+                           np.maximum(window, single) - window, single)
+        totals = self._single_runs @ exposed
+        for group in self._multi_groups:
+            member_s = alone[list(group.members)]
+            summed = sum(terms[of[i]][0].sum(axis=1) * self._bytes[i] for i in group.members)
+            joint = summed.max(axis=1, initial=0.0) * per_byte + latency[
+                of[list(group.members)]].max(axis=0)
             totals += group_exposed(group, member_s, joint) * group.runs
         return totals
 
@@ -581,7 +618,7 @@ class PlacementScorer:
         if kind in ("collective-permute", "all-to-all"):
             flows = direct_flows(kind, chips, 1.0)
             rows = np.repeat(np.arange(batch), len(flows[0]) // batch)
-            return self._link_loads(flows, rows, batch)[:, None, :]
+            return self._link_loads(flows, rows, batch)[:, None, :], None
         repeats = 2 if kind == "all-reduce" else 1
         shard = gathered_shard(kind, 1.0, members)
         # Regular groups: phases depend only on the chip set; each row adds the table rows
@@ -589,10 +626,10 @@ class PlacementScorer:
         picks = self._set_table_rows(chips.reshape(-1, members)).reshape(batch, num_groups)
         table = self._tables[repeats - 1]
         irregular = picks < 0
-        picks = np.where(irregular, self._table_rows, picks)
-        loads = table[picks[:, 0]] * shard
+        rows_of = np.where(irregular, self._table_rows, picks)
+        loads = table[rows_of[:, 0]] * shard
         for group in range(1, num_groups):
-            loads += table[picks[:, group]] * shard
+            loads += table[rows_of[:, group]] * shard
         if irregular.any():
             # Irregular groups: one ring in member order, whose cost depends on that order.
             src, dst, size = ring_flows(chips.reshape(-1, members), shard)
@@ -600,11 +637,14 @@ class PlacementScorer:
             rows = np.repeat(np.arange(batch), num_groups * 2 * members)[keep]
             ring = self._link_loads((src[keep], dst[keep], size[keep]), rows, batch)
             loads[:, :repeats] += ring[:, None, :]
-        return loads
+        return loads, picks
 
-    def _unit_phase_delta(self, kind: str, old: np.ndarray, new: np.ndarray) -> np.ndarray:
+    def _unit_phase_delta(self, kind: str, old: np.ndarray, new: np.ndarray,
+                          old_picks: np.ndarray | None
+                          ) -> tuple[np.ndarray, np.ndarray | None]:
         """:meth:`_unit_phase_loads` of ``new`` minus that of ``old`` (``[B, G, S]`` chips,
-        the same groups before and after a swap), routing only the flows that differ.
+        the same groups before and after a swap; ``old_picks``: their table rows), routing
+        only the flows that differ; and the table rows of ``new``.
 
         Flows come out of ``direct_flows`` and ``ring_flows`` in the same layout for both,
         so a flow between the same chips at the same index cancels and is left out: a swap
@@ -615,11 +655,12 @@ class PlacementScorer:
             before, after = direct_flows(kind, old, 1.0), direct_flows(kind, new, 1.0)
             rows = np.repeat(np.arange(batch), len(before[0]) // batch)
             differ = (before[0] != after[0]) | (before[1] != after[1])
-            return self._signed_loads(before, after, differ, differ, rows, batch)[:, None, :]
+            return (self._signed_loads(before, after, differ, differ, rows, batch)[:, None, :],
+                    None)
         repeats = 2 if kind == "all-reduce" else 1
         shard = gathered_shard(kind, 1.0, members)
-        picks = [self._set_table_rows(chips.reshape(-1, members)).reshape(batch, num_groups)
-                 for chips in (old, new)]
+        picks = [old_picks,
+                 self._set_table_rows(new.reshape(-1, members)).reshape(batch, num_groups)]
         table = self._tables[repeats - 1]
         rows_of = [np.where(p < 0, self._table_rows, p) for p in picks]
         loads = np.zeros((batch, table.shape[1], table.shape[2]))
@@ -639,7 +680,7 @@ class PlacementScorer:
             ring = self._signed_loads(before, after, ring_old & differ, ring_new & differ,
                                       rows, batch)
             loads[:, :repeats] += ring[:, None, :]
-        return loads
+        return loads, picks[1]
 
     def _signed_loads(self, before: tuple[np.ndarray, np.ndarray, np.ndarray],
                       after: tuple[np.ndarray, np.ndarray, np.ndarray],
@@ -771,6 +812,13 @@ class ScoredPlacements(Records[ScoredPlacement]):
 LOCAL_SEARCH_STARTS = 5
 """Placements the local search of :func:`search_placements` starts from (its ``top``)."""
 
+LOCAL_SEARCH_CHAINS = 4
+"""Independent annealing chains from each start. More chains of fewer steps, stepped together,
+make bigger batches for the scorer (whose cost is mostly per call): on 14B@720p
+``cfg2-uly8-fsdp`` (v5e:4x4, 20,000 evaluations) 5 starts x 4 chains reach the same 0.317 s
+of exposed communication as 5 x 1 (within 0.2 %, three seeds) at 1.7x the placements per
+second, where 32 swaps per step instead of 8 stall at 0.407 s."""
+
 
 def search_placements(program: Any, mesh_shape: Sequence[int], topology: Topology, *,
                       budget: int = 20_000, top: int = LOCAL_SEARCH_STARTS, seed: int = 0,
@@ -803,12 +851,13 @@ def search_placements(program: Any, mesh_shape: Sequence[int], topology: Topolog
     consider(structured_placements(mesh_shape, topology, axis_names), Source.STRUCTURED)
     starts = sorted(found.values(), key=lambda r: r.exposed_s)[:top]
     rng = np.random.default_rng(seed)
-    per_start = max(0, (budget - scorer.evaluations) // max(1, len(starts)))
-    if starts:
-        ends = anneal(scorer, np.array([start.placement.order for start in starts]),
-                       per_start, rng)
+    chains = [start for start in starts for _ in range(LOCAL_SEARCH_CHAINS)]
+    per_chain = max(0, (budget - scorer.evaluations) // max(1, len(chains)))
+    if chains:
+        ends = anneal(scorer, np.array([start.placement.order for start in chains]),
+                      per_chain, rng)
         consider([Placement(tuple(end), f"local search from: {start.placement.description}")
-                  for start, end in zip(starts, ends, strict=True)], Source.LOCAL_SEARCH)
+                  for start, end in zip(chains, ends, strict=True)], Source.LOCAL_SEARCH)
 
     def busiest(placement: Placement) -> str:
         return str(estimate(scorer.program, topology, placement, chip=scorer.chip,
@@ -826,9 +875,8 @@ def anneal(scorer: PlacementScorer, starts: np.ndarray, evaluations: int,
     (:meth:`PlacementScorer.swap_scores`: only the groups a swap touches are re-priced) and
     moves each chain to the best of its swaps when it is no worse, or with the Metropolis
     probability at a temperature that falls linearly from 5 % of the chain's start score to
-    zero. Swaps of 8 per chain keep most of the batch speed-up and enough steps: on 14B@720p
-    ``cfg2-uly8-fsdp`` (v5e:4x4, 4,000 evaluations per start) 1 and 8 proposals reach 1.162 s
-    of communication, 32 stall at 1.251.
+    zero. Swaps of 8 per chain and step leave enough steps (see :data:`LOCAL_SEARCH_CHAINS`
+    for the batch size the scorer wants).
     """
     current = np.array(starts, dtype=np.int64)
     chains, n = current.shape
