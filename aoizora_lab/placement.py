@@ -499,6 +499,48 @@ class PlacementScorer:
         """Predicted exposed communication seconds of the program on ``order``."""
         return float(self.scores([order])[0])
 
+    def lower_bound(self) -> float:
+        """Exposed communication seconds no placement can go below (the search's gap is its
+        best score over this).
+
+        Each collective at its per-chip injection bound: a chip has at most two ICI links
+        per axis longer than 2 (or wrapped), one per axis of 2, and whatever it cannot hold
+        on its own devices must cross them. A member of an all-gather of ``n`` (result
+        ``R``) holding ``m`` members on its chip receives ``(n - m) R / n``; a reduce-scatter
+        ``(n - m)`` shards of ``R``, an all-reduce both; an all-to-all member sends
+        ``(n - m) R / n``, with ``m`` members on a chip sending ``m`` times that; a permute
+        pair on two chips sends ``R``. No hop latency, never below the collective's HBM
+        time, and the overlap groups priced as :meth:`scores` prices them (their time is
+        monotone in each member's). Loose where routes are long: every byte is counted
+        once, not once per hop. Example: a 64-way all-to-all of 1 GB on ``v5e:8x8`` (4 links
+        of 45 GB/s) cannot take less than 63/64 GB / 180 GB/s, 5.5 ms.
+        """
+        topology = self.topology
+        degree = sum(2 if (size > 2 or wrap) else 1
+                     for size, wrap in zip(topology.shape, topology.wrap, strict=True)
+                     if size > 1)
+        per_chip = topology.devices_per_chip
+        bandwidth = degree * self.chip.ici_link_bandwidth * self.chip.ici_efficiency
+        alone = np.empty(len(self.program))
+        for index, collective in enumerate(self.program):
+            n = len(collective.groups[0])
+            together = min(per_chip, n)  # members one chip can hold
+            if collective.kind == "collective-permute":
+                moves = any(src != dst for src, dst in collective.groups)
+                crossing = collective.bytes if per_chip == 1 and moves else 0.0
+            elif collective.kind == "all-to-all":
+                crossing = min(m * (n - m) for m in {1, together}) * collective.bytes / n
+            else:
+                shard = gathered_shard(collective.kind, collective.bytes, n)
+                passes = 2 if collective.kind == "all-reduce" else 1
+                crossing = passes * (n - together) * shard
+            alone[index] = max(crossing / bandwidth, self._hbm_s[index])
+        total = 0.0
+        for group in self.groups:
+            member_s = alone[list(group.members)][:, None]
+            total += float(group_exposed(group, member_s, member_s.max(axis=0))[0]) * group.runs
+        return total
+
     def _terms(self, batch: np.ndarray) -> list[Terms]:
         """Per structure: unit-byte link loads ``[B, phases, links]``, each group's longest
         hop count ``[B, groups]`` and (gathers, reductions) each group's row in the phase
@@ -866,8 +908,12 @@ def search_placements(program: Any, mesh_shape: Sequence[int], topology: Topolog
     return ScoredPlacements(sorted(found.values(), key=lambda r: r.exposed_s), busiest=busiest)
 
 
+SWAPS_PER_STEP = 8
+"""Swaps each annealing chain scores per step (see :func:`anneal`)."""
+
+
 def anneal(scorer: PlacementScorer, starts: np.ndarray, evaluations: int,
-            rng: np.random.Generator, proposals: int = 8) -> np.ndarray:
+           rng: np.random.Generator, proposals: int = SWAPS_PER_STEP) -> np.ndarray:
     """Batched simulated annealing over pairwise swaps, one chain per row of ``starts``, all
     chains stepped together; returns each chain's best order (``evaluations`` per chain).
 

@@ -189,3 +189,31 @@ def test_search_reaches_the_optimum_of_a_program_with_irregular_groups():
     assert found[0].exposed_s == pytest.approx(optimum, rel=1e-12)
     assert found[0].exposed_s == pytest.approx(
         az.estimate(program, topology, found[0].placement).seconds, rel=1e-12)
+    assert 0 < scorer.lower_bound() <= optimum  # no order beats the bound
+
+
+@pytest.mark.parametrize(("shape", "wrap", "per_chip"), [
+    ((2, 4), None, 1), ((4, 4), (True, True), 1), ((2, 2, 4), None, 1), ((2, 4), None, 2)])
+def test_lower_bound_is_below_every_placement(shape, wrap, per_chip):
+    topology = az.Topology.simulated(shape, generation="v5p" if len(shape) == 3 else "v5e",
+                                     wrap=wrap, devices_per_chip=per_chip)
+    n = topology.num_devices
+    mesh = (2, n // 2)
+    program = _with_ring_shift(_program(mesh), mesh)
+    scorer = PlacementScorer(program, topology)
+    rng = np.random.default_rng(5)
+    orders = [rng.permutation(n) for _ in range(200)]
+    orders += [p.order for p in structured_placements(mesh, topology)]
+    assert scorer.lower_bound() <= scorer.scores(orders).min()
+
+
+def test_lower_bound_of_a_lone_all_to_all_is_its_injection_time():
+    # 64 chips with 4 links each (8x8, no wraparound): every device sends 63/64 of 1 GB,
+    # which no placement moves faster than over all 4 of its links.
+    topology = az.Topology.simulated((8, 8))
+    chip = az.chip_spec("v5e", hbm_bandwidth=1e30)  # HBM out of the way
+    collective = az.Collective("all-to-all", [tuple(range(64))], 1e9, count=3)
+    bound = PlacementScorer([collective], topology, chip=chip).lower_bound()
+    links = 4 * chip.ici_link_bandwidth * chip.ici_efficiency
+    assert bound == pytest.approx(3 * (63 / 64) * 1e9 / links)
+    assert bound < az.estimate(collective, topology, chip=chip).seconds
