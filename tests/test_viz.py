@@ -20,6 +20,7 @@ from aoizora_lab.placement import Placement, RankedPlacement, Source
 from aoizora_lab.planner import breakdown
 from aoizora_lab.prune import PruneDecision, Pruning, Verdict
 from aoizora_lab.topology import MINUS, PLUS
+from aoizora_lab.viz import views
 from aoizora_lab.viz.units import format_bytes, time_scale
 
 
@@ -592,3 +593,81 @@ def test_ranking_collective_views_key_every_placement_and_collective():
     np.testing.assert_allclose(views[keys[3]], az.estimate(_collectives(), topo,
                                                            entries[1].placement).link_bytes)
     viz.heatmap_explorer_widget(topo, views)  # the widget takes them as they are
+
+
+# ---- large slices: blocks and regions ----------------------------------------------------
+
+def _random_loads(topology, seed=0):
+    loads = np.random.default_rng(seed).uniform(1.0, 9.0, size=(topology.num_chips,
+                                                                 topology.ndim, 2))
+    return loads * topology.link_exists
+
+
+@pytest.mark.parametrize(("shape", "wrap", "block"), [((16, 16), (True, True), 4),
+                                                      ((8, 4), (False, False), 2),
+                                                      ((4, 4, 4), (True, True, True), 2)])
+def test_blocks_carry_the_busiest_link_between_them(shape, wrap, block):
+    topology = az.Topology.simulated(shape, wrap=wrap, generation="v5p" if len(shape) == 3
+                                     else "v5e")
+    loads = _random_loads(topology)
+    view = views.coarsen(topology, loads, block)
+    assert view.topology.shape == tuple(n // block for n in shape)
+    assert view.topology.wrap == wrap
+    # Brute force: every original link whose two chips lie in different blocks.
+    expected = np.zeros_like(view.link_bytes)
+    inside = np.zeros(view.topology.num_chips)
+    for chip, axis, direction in np.argwhere(topology.link_exists).tolist():
+        link = topology.link(chip, axis, direction)
+        src, dst = (tuple(c // block for c in end) for end in (link.src, link.dst))
+        cell = int(np.flatnonzero((view.topology.chip_coords == src).all(axis=1))[0])
+        if src != dst:
+            expected[cell, axis, direction] = max(expected[cell, axis, direction],
+                                                  loads[chip, axis, direction])
+        else:
+            inside[cell] = max(inside[cell], loads[chip, axis, direction])
+    np.testing.assert_array_equal(view.link_bytes, expected)
+    assert not view.link_bytes[~view.topology.link_exists].any()
+    busiest_inside = int(np.argmax(inside))
+    assert format_bytes(inside[busiest_inside]) in view.hover[busiest_inside]
+
+
+def test_a_region_keeps_its_chips_links_and_labels():
+    topology = az.Topology.simulated((16, 16))  # v5e: wraps at 16
+    loads = _random_loads(topology, seed=1)
+    fig = viz.torus_heatmap(topology, loads, region=((4, 8), (12, 16)))
+    rows = _link_rows(fig)
+    view_topology = az.Topology.simulated((8, 8), wrap=(False, False))
+    assert len(rows) == int(view_topology.link_exists.sum())  # nothing leaves the region
+    for (cell, axis, direction), row in rows.items():
+        x, y = view_topology.chip_coords[cell]
+        chip = 16 * (x + 4) + (y + 8)  # row-major, y fastest
+        assert row[0] == pytest.approx(loads[chip, axis, direction])
+    (chips,) = _traces(fig, "chips")
+    labels = chips.text
+    assert labels[0] == str(topology.device_grid()[4, 8, 0])  # the device on chip (4, 8)
+    assert "region x 4–11, y 8–15" in fig.layout.title.subtitle.text
+    # Spanning all of x keeps the x wraparound; a part of y does not.
+    whole_x = viz.torus_heatmap(topology, loads, region=((0, 0), (16, 4)))
+    wrapped = [h for t in _traces(whole_x, "links") for h in t.hovertext if "(wraparound)" in h]
+    assert wrapped and all("x (wraparound)" in h for h in wrapped)
+
+
+def test_large_slices_are_drawn_in_blocks_by_default_with_the_whole_scale():
+    topology = az.Topology.simulated((16, 16))
+    loads = _random_loads(topology, seed=2)
+    loads[16 * 4, 0, PLUS] = 100.0  # the busiest link: chip (4, 0) +x, inside its 2x2 block
+    fig = viz.torus_heatmap(topology, loads, value="share")
+    assert views.auto_block(topology) == 2
+    eight = az.Topology.simulated((8, 8), wrap=(True, True))  # the wraparound kept
+    assert len(_link_rows(fig)) == int(eight.link_exists.sum())
+    assert max(row[1] for row in _link_rows(fig).values()) < 0.1  # share of the whole busiest
+    assert "blocks of 2x2 chips" in fig.layout.title.subtitle.text
+    assert views.auto_block(az.Topology.simulated((8, 8))) == 1  # 64 chips: every link
+    with pytest.raises(az.AoizoraError, match="block=3"):
+        viz.torus_heatmap(topology, loads, block=3)
+    with pytest.raises(az.AoizoraError, match="pass one of them"):
+        viz.torus_heatmap(topology, loads, block=2, region=((0, 0), (4, 4)))
+    with pytest.raises(az.AoizoraError, match=r"region \(0, 0\) to \(4, 17\)"):
+        viz.torus_heatmap(topology, loads, region=((0, 0), (4, 17)))
+    comparison = viz.heatmap_comparison(topology, loads, loads * 2)
+    assert "blocks of 2x2 chips" in comparison.layout.title.subtitle.text

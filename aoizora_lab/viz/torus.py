@@ -11,6 +11,9 @@ wraparound link leaves the grid as a stub and re-enters as a stub on the opposit
 the same lane and colour. On a 3D slice every z-plane gets its own panel and a z-link is a
 marker beside its source chip: ⊙ for +z, ⊗ for -z (out of and into the page).
 
+Above 64 chips a slice is drawn in blocks of chips, or a region of it link by link
+(:mod:`aoizora_lab.viz.views`); the colour scale stays the whole slice's.
+
 Lanes are drawn in :data:`LEVELS` colour steps (one line trace per step keeps a figure's
 trace count independent of the slice size); arrows use the continuous scale and its colour
 bar. Idle links are grey, so the links a plan leaves unused stand out.
@@ -33,8 +36,10 @@ from plotly.subplots import make_subplots
 
 from aoizora_lab.errors import AoizoraError
 from aoizora_lab.topology import PLUS, Topology
+from aoizora_lab.viz import views
 from aoizora_lab.viz.loads import LinkKey
 from aoizora_lab.viz.units import format_bytes
+from aoizora_lab.viz.views import SliceView
 
 LinkValue = Literal["bytes", "share"]
 """What colours a link: its bytes, or its share of the busiest link's bytes."""
@@ -123,6 +128,8 @@ def torus_heatmap(
     value: LinkValue = "bytes",
     placement: Sequence[int] | np.ndarray | None = None,
     cmax: float | None = None,
+    block: int | None = None,
+    region: tuple[Sequence[int], Sequence[int]] | None = None,
 ) -> go.Figure:
     """The slice with every directed link coloured by its load (drawing: module docstring).
 
@@ -133,25 +140,62 @@ def torus_heatmap(
     with the logical device ids placed on them. ``cmax`` fixes the top of the bytes scale, so
     that figures of different plans compare by colour.
 
-    Each arrow's ``customdata`` row is ``(chip, axis, direction, bytes, share)``.
+    Large slices (:mod:`aoizora_lab.viz.views`): ``block`` draws blocks of that many chips
+    per axis as one cell each, every link the busiest of those it stands for (default: 1, every
+    link, up to :data:`~aoizora_lab.viz.views.MAX_DETAILED_CHIPS` chips, else the smallest
+    power of 2 that leaves that many cells); ``region=(start, stop)`` draws only the chips
+    between those chip coordinates, link by link. The colour scale is the whole slice's.
+
+    Each arrow's ``customdata`` row is ``(chip, axis, direction, bytes, share)`` (the view's
+    cell and link).
     """
     if value not in ("bytes", "share"):
         raise AoizoraError(f"torus_heatmap value={value!r}; use 'bytes' or 'share'.")
     if cmax is not None and not cmax > 0:
         raise AoizoraError(f"torus_heatmap cmax={cmax!r}; pass a positive byte count or None.")
     loads = check_link_bytes(topology, link_bytes)
-    drawings = _link_drawings(topology)
+    view = slice_view(topology, [loads], placement=placement, block=block, region=region)[0]
+    drawings = _link_drawings(view.topology)
+    busiest = float(loads.max(initial=0.0))
     if value == "bytes":
-        top = cmax if cmax is not None else float(loads.max(initial=0.0))
+        top = cmax if cmax is not None else busiest
         scale = _ColourScale("coloraxis", BYTES_COLORSCALE, 0.0, top if top > 0 else 1.0,
                              "bytes per step")
     else:
         scale = _ColourScale("coloraxis", BYTES_COLORSCALE, 0.0, 1.0, "share of busiest link",
                              tickformat=".0%", ticksuffix="")
-    panel = _load_panel(drawings, loads, title="", value=value, scale=scale,
-                        collectives_by_link=collectives_by_link)
-    return _build_figure(topology, drawings, [panel],
-                         title=title or default_title(topology), placement=placement)
+    users = collectives_by_link
+    if users is not None and view.topology is not topology:
+        # A region keeps its chips' links (renumbered); a block's link stands for several.
+        cell_of = {chip: cell for cell, chip in enumerate(view.chips)}
+        users = {(cell_of[c], a, d): u for (c, a, d), u in users.items() if c in cell_of}
+    panel = _load_panel(drawings, view.link_bytes, title="", value=value, scale=scale,
+                        collectives_by_link=users, busiest=busiest)
+    return _build_figure(view, drawings, [panel], title=title or default_title(topology))
+
+
+def slice_view(topology: Topology, loads: Sequence[np.ndarray], *,
+               placement: Sequence[int] | np.ndarray | None = None, block: int | None = None,
+               region: tuple[Sequence[int], Sequence[int]] | None = None
+               ) -> list[SliceView]:
+    """The view a heatmap draws of each of ``loads`` (all the same view; see
+    :func:`torus_heatmap`)."""
+    labels, hover = _chip_labels(topology, placement)
+    kind = "labels: logical device ids" if placement is not None else "labels: device index"
+    if region is not None:
+        if block not in (None, 1):
+            raise AoizoraError(
+                f"torus_heatmap got block={block!r} and region={region!r}; a region is drawn "
+                "link by link: pass one of them.")
+        if len(region) != 2:
+            raise AoizoraError(f"region={region!r}; pass (start, stop), one chip coordinate "
+                               "per axis each, e.g. ((0, 0), (8, 8)).")
+        return [views.region(topology, each, *region, labels, hover, kind) for each in loads]
+    block = views.auto_block(topology) if block is None else block
+    if block == 1:
+        return [SliceView(topology, each, tuple(labels), tuple(hover), "", label_kind=kind)
+                for each in loads]
+    return [views.coarsen(topology, each, block) for each in loads]
 
 
 def heatmap_comparison(
@@ -162,6 +206,8 @@ def heatmap_comparison(
     left_title: str = "left",
     right_title: str = "right",
     title: str | None = None,
+    block: int | None = None,
+    region: tuple[Sequence[int], Sequence[int]] | None = None,
 ) -> go.Figure:
     """Two link loads side by side on one colour scale, then their difference.
 
@@ -169,11 +215,13 @@ def heatmap_comparison(
     ``right - left`` per link on a diverging scale centred on zero (red: the right-hand plan
     puts more bytes there). On a 3D slice the three views are rows, one panel per z-plane.
     Difference arrows carry ``customdata`` ``(chip, axis, direction, left, right, change)``.
+    ``block`` and ``region`` draw a large slice as :func:`torus_heatmap` does.
     """
-    left = check_link_bytes(topology, left_bytes)
-    right = check_link_bytes(topology, right_bytes)
-    drawings = _link_drawings(topology)
-    top = max(float(left.max(initial=0.0)), float(right.max(initial=0.0)))
+    whole = [check_link_bytes(topology, left_bytes), check_link_bytes(topology, right_bytes)]
+    top = max(float(w.max(initial=0.0)) for w in whole)
+    left_view, right_view = slice_view(topology, whole, block=block, region=region)
+    left, right = left_view.link_bytes, right_view.link_bytes
+    drawings = _link_drawings(left_view.topology)
     shared = _ColourScale("coloraxis", BYTES_COLORSCALE, 0.0, top if top > 0 else 1.0,
                           "bytes per step")
     change = right - left
@@ -188,8 +236,8 @@ def heatmap_comparison(
                           scale=diverging),
     ]
     return _build_figure(
-        topology, drawings, panels,
-        title=title or f"{left_title} vs {right_title} on {topology.name}", placement=None)
+        left_view, drawings, panels,
+        title=title or f"{left_title} vs {right_title} on {topology.name}")
 
 
 # ----------------------------------------------------------------------------- shared pieces
@@ -265,10 +313,12 @@ def _load_panel(
     value: LinkValue,
     scale: _ColourScale,
     collectives_by_link: Mapping[LinkKey, Sequence[tuple[str, float]]] | None = None,
+    busiest: float | None = None,
 ) -> _Panel:
-    """A panel of one link load: colour by bytes or share, hover with the collectives."""
+    """A panel of one link load: colour by bytes or share (of ``busiest``, default the
+    busiest drawn link), hover with the collectives."""
     per_link = np.array([loads[d.key] for d in drawings])
-    busiest = float(per_link.max(initial=0.0))
+    busiest = float(per_link.max(initial=0.0)) if busiest is None else busiest
     share = per_link / busiest if busiest > 0 else np.zeros_like(per_link)
     users = collectives_by_link or {}
     hover = tuple(
@@ -281,14 +331,14 @@ def _load_panel(
 
 
 def _build_figure(
-    topology: Topology,
+    view: SliceView,
     drawings: Sequence[_LinkDrawing],
     panels: Sequence[_Panel],
     *,
     title: str,
-    placement: Sequence[int] | np.ndarray | None,
 ) -> go.Figure:
     """Lay ``panels`` out (one per z-plane each) and draw lanes, chips and arrows in each."""
+    topology = view.topology
     planes = topology.shape[2] if topology.ndim == 3 else 1
     cells = _cells(len(panels), planes)
     rows = max(r for _, _, r, _ in cells)
@@ -305,7 +355,7 @@ def _build_figure(
     fig = make_subplots(rows=rows, cols=cols, subplot_titles=titles,
                         horizontal_spacing=h_spacing if cols > 1 else 0.0,
                         vertical_spacing=v_spacing)
-    labels, chip_hover = _chip_labels(topology, placement)
+    labels, chip_hover = list(view.labels), list(view.hover)
     nx, ny = _screen_extent(topology)
     pad_x = 0.95 if topology.wrap[0] else 0.55  # room for wraparound stubs, else for z markers
     pad_y = 0.95 if topology.ndim > 1 and topology.wrap[1] else 0.55
@@ -330,7 +380,7 @@ def _build_figure(
     panel_h = (ny - 1 + 2 * pad_y) * cell_px
     fig.update_layout(
         # Pinned to the top, so room added below it (e.g. an explorer's menu) stays free.
-        title={"text": title, "subtitle": {"text": _legend_text(topology, placement)},
+        title={"text": title, "subtitle": {"text": _legend_text(view)},
                "yref": "container", "y": 1.0, "yanchor": "top", "pad": {"t": 34}},
         template="plotly_white", showlegend=False, hovermode="closest",
         # At least MIN_WIDTH_PX, so the two-line legend under the title fits small slices.
@@ -512,12 +562,16 @@ def _coloraxis(fig: go.Figure, scale: _ColourScale, cells: list[tuple[int, int]]
     }
 
 
-def _legend_text(topology: Topology, placement: Sequence[int] | np.ndarray | None) -> str:
+def _legend_text(view: SliceView) -> str:
+    topology = view.topology
     first = ["x across, y down", "each direction keeps to its right-hand lane",
-             "labels: logical device ids" if placement is not None else "labels: device index"]
+             view.label_kind]
     second = ["hover an arrow for its load"]
     if any(topology.wrap[:2]):
         second.append("edge stubs: wraparound links")
     if topology.ndim == 3:
         second.append("⊙ +z link, ⊗ −z link")
-    return " · ".join(first) + "<br>" + " · ".join(second)
+    lines = [" · ".join(first), " · ".join(second)]
+    if view.note:
+        lines.append(view.note)
+    return "<br>".join(lines)
