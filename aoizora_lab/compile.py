@@ -154,6 +154,9 @@ class CompiledCandidate:
     """Whether the result came from the cache."""
     flags: CompilerFlags = DEFAULT_FLAGS
     """The compiler flags it was compiled with."""
+    host_peak_bytes: float = math.nan
+    """Peak resident memory of the compiling process on the machine that compiled it (NaN
+    for results cached before it was recorded)."""
 
     @property
     def key(self) -> tuple[str, str]:
@@ -171,8 +174,8 @@ class CompiledCandidate:
 class Compiles(Records[CompiledCandidate]):
     """The compile of every candidate, in the order they were given."""
 
-    COLUMNS = ("candidate", "flags", "status", "cached", "compile_s", "peak_gib", "comm_gb",
-               "message")
+    COLUMNS = ("candidate", "flags", "status", "cached", "compile_s", "peak_gib", "host_gib",
+               "comm_gb", "message")
 
     @property
     def ok(self) -> list[CompiledCandidate]:
@@ -206,6 +209,7 @@ class Compiles(Records[CompiledCandidate]):
                 "status": item.status, "cached": item.cached,
                 "compile_s": item.compile_seconds,
                 "peak_gib": item.memory.get("peak", math.nan) / 2**30,
+                "host_gib": item.host_peak_bytes / 2**30,
                 "comm_gb": item.program.total_bytes / 1e9 if item.program else math.nan,
                 "message": item.message[:200]}
 
@@ -237,16 +241,88 @@ def compile_candidates(candidates: Sequence[Candidate], workload: Workload, topo
         raise AoizoraError(f"timeout_s={timeout_s!r} must be a positive number of seconds.")
     cache = Path(cache_dir) if cache_dir is not None else cache_root() / "compile"
     jobs = [_job(c, workload, topology, num_layers, flags) for c in candidates]
+    sweep = _sweep_key(jobs[0]) if jobs else ""
     own = executor is None
-    pool = executor or cf.ThreadPoolExecutor(max_workers=os.cpu_count() or 1)
+    if own:
+        workers = compile_workers(_seen_host_peak(cache, sweep), _available_memory(),
+                                  os.cpu_count() or 1, what=f"{workload.name} on "
+                                  f"{topology.name} at {num_layers or model.num_layers} layers")
+    pool = executor or cf.ThreadPoolExecutor(max_workers=workers)
     try:
         futures = [pool.submit(run_job, job, str(cache), timeout_s) for job in jobs]
         raw = [f.result() for f in futures]
     finally:
         if own:
             pool.shutdown()
+    _record_host_peak(cache, sweep, [r.get("host_peak_bytes", math.nan) for r in raw])
     return Compiles(_result(c, r, model.num_layers, num_layers, flags) for c, r in
                     zip(candidates, raw, strict=True))
+
+
+HOST_MEMORY_FILE = "host_memory.json"
+"""In the compile cache: the largest resident memory one compile of each sweep (workload,
+slice, depth; any candidate) has taken on this machine, which sizes the next sweep."""
+
+
+def compile_workers(peak_bytes: float, available_bytes: float, cpus: int, *,
+                    what: str = "this sweep") -> int:
+    """Parallel compiles for a sweep whose compiles have taken up to ``peak_bytes`` each
+    (NaN: never measured), with ``available_bytes`` free: one per CPU, fewer where their
+    memory would not fit. Raises before anything starts when not even one fits.
+
+    Example: 2 CPUs, 20 GiB free, compiles of 12 GiB: one at a time.
+    """
+    if not peak_bytes > 0 or not available_bytes > 0:
+        return cpus
+    fits = int(available_bytes // peak_bytes)
+    if fits < 1:
+        raise AoizoraError(
+            f"One compile of {what} took {peak_bytes / 2**30:.1f} GiB of memory here, but "
+            f"{available_bytes / 2**30:.1f} GiB is free: it would not fit. Compile fewer "
+            "layers (num_layers=2 folds the rest exactly), close what holds the memory, or "
+            "use a machine with more.")
+    return max(1, min(cpus, fits))
+
+
+def _sweep_key(job: dict[str, Any]) -> str:
+    """A sweep's identity for its memory record: the job without candidate and flags."""
+    sweep = {k: v for k, v in job.items()
+             if k not in ("candidate", "attention", "compiler_options")}
+    return hashlib.sha256(json.dumps(sweep, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _seen_host_peak(cache: Path, sweep: str) -> float:
+    try:
+        return float(json.loads((cache / HOST_MEMORY_FILE).read_text()).get(sweep, math.nan))
+    except (OSError, ValueError, TypeError, AttributeError):
+        return math.nan
+
+
+def _record_host_peak(cache: Path, sweep: str, peaks: Sequence[float]) -> None:
+    measured = [p for p in peaks if isinstance(p, int | float) and p > 0]
+    if not measured or not sweep:
+        return
+    path = cache / HOST_MEMORY_FILE
+    try:
+        record = json.loads(path.read_text()) if path.exists() else {}
+        record[sweep] = max(float(record.get(sweep, 0.0)), max(measured))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(record, indent=1, sort_keys=True))
+        tmp.replace(path)
+    except (OSError, ValueError, TypeError, AttributeError):
+        pass  # a record that cannot be kept only means the next sweep is not sized by it
+
+
+def _available_memory() -> float:
+    """Free memory (``MemAvailable``), NaN where the system does not say."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return float(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return math.nan
 
 
 def check_compilable(topology: Topology) -> None:
@@ -428,4 +504,4 @@ def _result(candidate: Candidate, raw: dict[str, Any], model_layers: int,
         compile_seconds=float(raw.get("compile_seconds", 0.0)),
         memory=raw.get("memory", {}), program=program, hlo_path=hlo_path,
         compiled_layers=num_layers or model_layers, cached=bool(raw.get("cached", False)),
-        flags=flags)
+        flags=flags, host_peak_bytes=float(raw.get("host_peak_bytes", math.nan)))

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import sys
 import time
 from pathlib import Path
@@ -59,6 +60,8 @@ def main(work: Path) -> None:
         result = {"status": "oom" if "RESOURCE_EXHAUSTED" in text else "error",
                   "message": text[-4000:]}
     result["compile_seconds"] = time.perf_counter() - start
+    # Peak resident memory of this process (Linux reports KiB): what one compile needs here.
+    result["host_peak_bytes"] = float(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
     (work / "result.json").write_text(json.dumps(result))
 
 

@@ -1,9 +1,11 @@
+import json
+
 import jax
 import pytest
 
 import aoizora_lab as az
 from aoizora_lab.candidates import Candidate
-from aoizora_lab.compile import compile_candidates, read_entry
+from aoizora_lab.compile import compile_candidates, compile_workers, read_entry
 
 TINY = az.WanConfig(dim=64, ffn_dim=128, num_heads=8, num_layers=4, text_dim=32, text_len=8,
                     freq_dim=32)
@@ -154,3 +156,27 @@ def test_flags_are_checked_before_anything_compiles():
         compiler_flags("--xla_b=1 xla_a=true")
     with pytest.raises(az.AoizoraError, match="'fast'"):
         compiler_flags("fast")
+
+
+def test_compile_workers_fit_the_free_memory():
+    gib = 2**30
+    assert compile_workers(float("nan"), 20 * gib, 2) == 2  # never measured: one per CPU
+    assert compile_workers(4 * gib, 20 * gib, 2) == 2
+    assert compile_workers(12 * gib, 20 * gib, 2) == 1
+    with pytest.raises(az.AoizoraError, match=r"took 30\.0 GiB .* 20\.0 GiB is free"):
+        compile_workers(30 * gib, 20 * gib, 2, what="14B on v5e:16x16")
+
+
+def test_a_sweep_records_its_memory_and_one_that_cannot_fit_stops_before_compiling(
+        host, tmp_path, monkeypatch):
+    [done] = compile_candidates(_candidates()[:1], WORKLOAD, host, cache_dir=tmp_path)
+    assert done.status == "ok" and done.host_peak_bytes > 2**20  # a Python process at least
+    import aoizora_lab.compile as compile_module
+
+    record = json.loads((tmp_path / compile_module.HOST_MEMORY_FILE).read_text())
+    assert list(record.values()) == [done.host_peak_bytes]
+    monkeypatch.setattr(compile_module, "_available_memory", lambda: done.host_peak_bytes / 2)
+    entries = set(tmp_path.iterdir())
+    with pytest.raises(az.AoizoraError, match="would not fit"):
+        compile_candidates(_candidates()[1:2], WORKLOAD, host, cache_dir=tmp_path)
+    assert set(tmp_path.iterdir()) == entries  # nothing compiled
