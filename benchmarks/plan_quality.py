@@ -30,8 +30,8 @@ def run(cases: Iterable[Case | str] = DEFAULT_MATRIX, *, num_layers: int | None 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_cases_option(parser, DEFAULT_MATRIX, "the 8 cases of aoizora_lab.bench.DEFAULT_MATRIX, "
-                                             "on v5e, v6e and v5p")
+    add_cases_option(parser, DEFAULT_MATRIX, "the 16 cases of aoizora_lab.bench.DEFAULT_MATRIX, "
+                                             "8 to 256 chips on v5e, v6e and v5p")
     parser.add_argument("--num-layers", type=int, default=None,
                         help="compile this many layers and fold the layer loop (default: full)")
     parser.add_argument("--budget", type=int, default=20_000,

@@ -37,8 +37,20 @@ DEFAULT_MATRIX: tuple[str, ...] = (
     "wan2.1-t2v-14b@1280x720x81/v6e:4x4",
     "wan2.1-t2v-1.3b@832x480x81/v5p:2x2x4",
     "wan2.1-t2v-14b@1280x720x81/v5p:2x2x4",
+    # Where communication weighs: more chips per video, lower resolutions, wrapped axes and a
+    # 3D torus (v5e wraps its 16-long axes; v5p:4x4x4 wraps all three).
+    "wan2.1-t2v-1.3b@832x480x81/v5e:4x8",
+    "wan2.1-t2v-14b@832x480x81/v5e:4x8",
+    "wan2.1-t2v-1.3b@832x480x81/v5e:8x8",
+    "wan2.1-t2v-14b@832x480x81/v5e:8x8",
+    "wan2.1-t2v-14b@1280x720x81/v5e:8x8",  # a control: compute-heavy, placement matters less
+    "wan2.1-t2v-1.3b@832x480x81/v5e:16x16",
+    "wan2.1-t2v-14b@832x480x81/v5e:16x16",
+    "wan2.1-t2v-1.3b@832x480x81/v5p:4x4x4",
 )
-"""Plan-quality matrix (case specs, :mod:`aoizora_lab.cases`)."""
+"""Plan-quality matrix (case specs, :mod:`aoizora_lab.cases`): 8 cases of 8-16 chips, then 8
+of 32-256 chips. On 2 cores a 16-chip 14B case compiles ~25 programs at minutes each, so the
+matrix is run over several sittings (``aoizora-lab bench --resume``)."""
 
 QUICK_MATRIX: tuple[str, ...] = ("wan2.1-t2v-1.3b@832x480x81/v5e:2x4",)
 """``--quick``: one small workload (compiled at :data:`QUICK_LAYERS` layers), for plan quality
