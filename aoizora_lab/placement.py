@@ -511,16 +511,25 @@ class PlacementScorer:
         ``(n - m) R / n``, with ``m`` members on a chip sending ``m`` times that; a permute
         pair on two chips sends ``R``. No hop latency, never below the collective's HBM
         time, and the overlap groups priced as :meth:`scores` prices them (their time is
-        monotone in each member's). Loose where routes are long: every byte is counted
-        once, not once per hop. Example: a 64-way all-to-all of 1 GB on ``v5e:8x8`` (4 links
-        of 45 GB/s) cannot take less than 63/64 GB / 180 GB/s, 5.5 ms.
+        monotone in each member's). An all-to-all is also held to its average link load:
+        each member's flows go to ``n - 1`` others at least as far away as the ``n - 1``
+        nearest devices of the best-placed chip, and every hop loads a link, so its bytes
+        times hops over all the slice's links bound the busiest one. Still loose where
+        gathers' routes are long. Example: a 64-way all-to-all of 1 GB on ``v5e:8x8`` (4
+        links of 45 GB/s a chip) cannot take less than 63/64 GB / 180 GB/s, 5.5 ms, by
+        injection; its hops (at least 4.06 on average to 63 others) put 1.14 GB on the
+        average of the 224 links, 25 ms at 45 GB/s.
         """
         topology = self.topology
         degree = sum(2 if (size > 2 or wrap) else 1
                      for size, wrap in zip(topology.shape, topology.wrap, strict=True)
                      if size > 1)
         per_chip = topology.devices_per_chip
-        bandwidth = degree * self.chip.ici_link_bandwidth * self.chip.ici_efficiency
+        link_rate = self.chip.ici_link_bandwidth * self.chip.ici_efficiency
+        bandwidth = degree * link_rate
+        links = int(topology.link_exists.sum())
+        # Distances from each chip to every device, nearest first (0 for a chip's own others).
+        nearest = np.sort(np.repeat(self._distances, per_chip, axis=1), axis=1)[:, 1:]
         alone = np.empty(len(self.program))
         for index, collective in enumerate(self.program):
             n = len(collective.groups[0])
@@ -530,6 +539,9 @@ class PlacementScorer:
                 crossing = collective.bytes if per_chip == 1 and moves else 0.0
             elif collective.kind == "all-to-all":
                 crossing = min(m * (n - m) for m in {1, together}) * collective.bytes / n
+                hops = float(nearest[:, :n - 1].sum(axis=1).min())  # per member, at least
+                spread = len(collective.groups) * collective.bytes * hops / max(links, 1)
+                crossing = max(crossing, spread * bandwidth / link_rate)
             else:
                 shard = gathered_shard(collective.kind, collective.bytes, n)
                 passes = 2 if collective.kind == "all-reduce" else 1

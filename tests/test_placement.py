@@ -207,13 +207,22 @@ def test_lower_bound_is_below_every_placement(shape, wrap, per_chip):
     assert scorer.lower_bound() <= scorer.scores(orders).min()
 
 
-def test_lower_bound_of_a_lone_all_to_all_is_its_injection_time():
-    # 64 chips with 4 links each (8x8, no wraparound): every device sends 63/64 of 1 GB,
-    # which no placement moves faster than over all 4 of its links.
+@pytest.mark.parametrize(("members", "held_by"), [(64, "hops"), (2, "injection")])
+def test_lower_bound_of_a_lone_all_to_all(members, held_by):
+    # 8x8 without wraparound: 4 links a chip, 224 links in all. Every device sends
+    # (n - 1) / n of 1 GB: no faster than over its 4 links (injection); and each byte crosses
+    # at least as many links as the distance to the nearest n - 1 chips of the best chip
+    # (hops), spread at best evenly over all 224.
     topology = az.Topology.simulated((8, 8))
     chip = az.chip_spec("v5e", hbm_bandwidth=1e30)  # HBM out of the way
-    collective = az.Collective("all-to-all", [tuple(range(64))], 1e9, count=3)
+    collective = az.Collective("all-to-all", [tuple(range(members))], 1e9, count=3)
     bound = PlacementScorer([collective], topology, chip=chip).lower_bound()
-    links = 4 * chip.ici_link_bandwidth * chip.ici_efficiency
-    assert bound == pytest.approx(3 * (63 / 64) * 1e9 / links)
+    rate = chip.ici_link_bandwidth * chip.ici_efficiency
+    injection = (members - 1) / members * 1e9 / (4 * rate)
+    everyone = np.arange(64)
+    nearest = min(sorted(row)[1:members] for row in
+                  topology.chip_distances(everyone, everyone).tolist())
+    hops = 1e9 * sum(nearest) / 224 / rate
+    assert bound == pytest.approx(3 * max(injection, hops))
+    assert (hops > injection) == (held_by == "hops")
     assert bound < az.estimate(collective, topology, chip=chip).seconds
