@@ -171,12 +171,12 @@ def _bench_command(args: argparse.Namespace) -> int:
              (f"--cases {' '.join(args.cases or [])}", bool(args.cases)),
              (f"--search-cases {' '.join(args.search_cases or [])}", bool(args.search_cases)),
              (f"--cache-dir {args.cache_dir}", args.cache_dir is not None),
-             ("--resume", args.resume)]
+             ("--resume", args.resume), ("--records-only", args.records_only)]
     command = " ".join(["aoizora-lab bench", *(flag for flag, used in flags if used)])
     path = run_all(quick=args.quick, out=args.out, only=args.only, num_layers=args.num_layers,
                    skip_exhaustive=args.skip_exhaustive, cache_dir=args.cache_dir,
                    cases=args.cases, search_cases=args.search_cases, command=command,
-                   resume=args.resume,
+                   resume=args.resume, records_only=args.records_only,
                    progress=None if args.quiet else lambda m: print(m, file=sys.stderr))
     print(path.read_text())
     print(f"report written to {path}")
@@ -272,6 +272,9 @@ def build_parser() -> argparse.ArgumentParser:
     ben.add_argument("--resume", action="store_true",
                      help="read back the plan-quality cases recorded in plan-quality/ beside "
                           "--out (same depth and budget) instead of planning them again")
+    ben.add_argument("--records-only", action="store_true",
+                     help="plan nothing: write the plan-quality section from the records "
+                          "(a case without one is a row saying so)")
     ben.add_argument("--quiet", action="store_true", help="no progress lines")
     ben.set_defaults(run=_bench_command)
     return parser

@@ -299,6 +299,12 @@ def test_plan_quality_records_each_case_and_resumes_from_the_records(quality, sl
                                       check_dtype=False)
     assert "cases read from records = 1 (planned " in again.markdown()
     assert "cases read from records" not in first.markdown()
+    # Records only: nothing planned; a case without a record says so.
+    assembled = bench.plan_quality([case, "wan2.1-t2v-1.3b@832x480x81/v5e:2x4"], budget=300,
+                                   records=tmp_path, resume=True, plan_missing=False)
+    assert list(assembled.summary["status"]) == [
+        "ok", "not run yet (no record at this depth and budget)"]
+    assert "cases done = 1 of 2" in assembled.markdown()
     # Another budget is another experiment: planned again (here: the guard above fails it).
     other = bench.plan_quality([case], budget=301, records=tmp_path, resume=True)
     assert other.summary.iloc[0]["status"].startswith("error: AssertionError")

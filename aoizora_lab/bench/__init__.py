@@ -109,6 +109,7 @@ def run_all(*, quick: bool = False, out: str | Path = "reports/benchmarks.md",
             cache_dir: str | Path | None = None, cases: Sequence[Case | str] | None = None,
             search_cases: Sequence[Case | str] | None = None,
             command: str = "aoizora-lab bench", resume: bool = False,
+            records_only: bool = False,
             progress: Callable[[str], None] | None = None) -> Path:
     """Run the benchmarks (``only``: a subset of :data:`BENCHMARKS`) and write the report to
     ``out`` after each one, so that an interrupted run keeps the finished ones; sections it
@@ -124,7 +125,8 @@ def run_all(*, quick: bool = False, out: str | Path = "reports/benchmarks.md",
     ``cache_dir``: the compile cache of plan quality and placement throughput (default
     ``data/cache/compile``; search cost always starts from an empty one). Plan quality records
     each finished case in ``plan-quality/`` beside ``out``; ``resume`` reads back the cases
-    recorded there at the same depth and budget instead of planning them again.
+    recorded there at the same depth and budget instead of planning them again;
+    ``records_only`` plans nothing and writes the section from the records.
     """
     # The matrices and benchmark functions are read from this module when called, so that
     # what a caller (or a test) sets on ``aoizora_lab.bench`` is what runs.
@@ -143,7 +145,8 @@ def run_all(*, quick: bool = False, out: str | Path = "reports/benchmarks.md",
     report = ReportFile(out, command=command, keep=True)
     if "plan-quality" in chosen:
         report.add(plan_quality(quality_matrix, num_layers=layers, cache_dir=cache_dir,
-                                progress=progress, resume=resume,
+                                progress=progress, resume=resume or records_only,
+                                plan_missing=not records_only,
                                 records=Path(out).parent / "plan-quality",
                                 on_case=lambda partial: report.add(partial.markdown())
                                 ).markdown())

@@ -177,7 +177,8 @@ def plan_quality(cases: Iterable[Case | str] = DEFAULT_MATRIX, *, num_layers: in
                  timeout_s: float = 900.0,
                  progress: Callable[[str], None] | None = None,
                  on_case: Callable[[PlanQuality], None] | None = None,
-                 records: str | Path | None = None, resume: bool = False) -> PlanQuality:
+                 records: str | Path | None = None, resume: bool = False,
+                 plan_missing: bool = True) -> PlanQuality:
     """Plan every case and compare the plan with the existing systems, its placement and the
     roofline; ``on_case`` gets the tables so far after each case (a long run writes as it
     goes).
@@ -187,6 +188,8 @@ def plan_quality(cases: Iterable[Case | str] = DEFAULT_MATRIX, *, num_layers: in
     recorded there at the same ``num_layers`` and ``budget`` is read back instead of planned
     again, so a matrix that takes longer than one sitting (a 14B case compiles ~25 programs
     at minutes each on 2 cores) is finished over several runs. A failed case is not recorded.
+    ``plan_missing=False`` (with ``resume``) plans nothing: a case without a record is a row
+    saying so, which assembles the tables from the records alone.
 
     Per case (columns of ``summary``): the plan's ``candidate``, ``flags``, ``placement`` and
     predicted ``plan_s`` (``compute_s`` + ``exposed_s``, the part of ``comm_s`` the schedule
@@ -219,8 +222,9 @@ def plan_quality(cases: Iterable[Case | str] = DEFAULT_MATRIX, *, num_layers: in
     def tables() -> PlanQuality:
         summary = pd.DataFrame(rows).reindex(columns=columns)
         config = {"num_layers": num_layers or "full depth", "budget": budget}
-        if len(rows) < len(cases):
-            config["cases done"] = f"{len(rows)} of {len(cases)}"
+        planned = sum(row.get("status") == "ok" for row in rows)
+        if len(rows) < len(cases) or planned < len(cases):
+            config["cases done"] = f"{planned} of {len(cases)}"
         if recorded:
             config["cases read from records"] = (f"{len(recorded)} (planned "
                                                  f"{', '.join(sorted(set(recorded)))})")
@@ -238,6 +242,9 @@ def plan_quality(cases: Iterable[Case | str] = DEFAULT_MATRIX, *, num_layers: in
             baseline_rows.extend(record["baselines"])
             trial_rows.extend(record["trials"])
             recorded.append(record["date"][:10])
+        elif not plan_missing:
+            rows.append({"workload": label[0], "slice": label[1],
+                         "status": "not run yet (no record at this depth and budget)"})
         else:
             if progress:
                 progress("plan quality: {} on {}".format(*label))
