@@ -528,7 +528,8 @@ def _for_readers(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
 
 
 def write_index(result: ReportsResult, out_dir: str | Path) -> Path:
-    """Write ``out_dir/index.html``: every run, linked, with status, wall time and records.
+    """Write ``out_dir/index.html``: every run, linked, with status, wall time and records;
+    the runs of reports not in ``result`` that an earlier call recorded (``index.json``) stay.
 
     One section per report (its parameters under the name), one row per notebook: a link to
     its page, ``ok`` or ``failed`` with the error's first line and a link to the partial
@@ -536,8 +537,10 @@ def write_index(result: ReportsResult, out_dir: str | Path) -> Path:
     self-contained (inline CSS, no scripts).
     """
     out_dir = Path(out_dir)
+    shown = _with_earlier_runs(result.runs, out_dir)
+    earlier = len({run.report for run in shown} - {run.report for run in result.runs})
     reports: dict[str, list[NotebookRun]] = {}
-    for run in result.runs:
+    for run in shown:
         reports.setdefault(run.report, []).append(run)
     sections = []
     for name, runs in reports.items():
@@ -551,16 +554,72 @@ def write_index(result: ReportsResult, out_dir: str | Path) -> Path:
             "<table>\n<thead><tr><th>Notebook</th><th>Status</th><th>Wall time</th>"
             f"<th>Recorded values</th></tr></thead>\n<tbody>\n{rows}\n</tbody>\n</table>\n"
             "</section>")
-    ok = len(result.runs) - result.failed
+    failed = sum(run.status == "failed" for run in shown)
     generated = datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
+    kept = (f" {earlier} report{'s' if earlier != 1 else ''} kept from earlier runs."
+            if earlier else "")
     index = out_dir / "index.html"
     out_dir.mkdir(parents=True, exist_ok=True)
     index.write_text(_INDEX_PAGE.format(
-        summary=_esc(f"{len(result.runs)} notebook runs in {len(reports)} report"
-                     f"{'s' if len(reports) != 1 else ''}: {ok} ok, {result.failed} failed. "
-                     f"Generated {generated} by aoizora-lab reports."),
+        summary=_esc(f"{len(shown)} notebook runs in {len(reports)} report"
+                     f"{'s' if len(reports) != 1 else ''}: {len(shown) - failed} ok, {failed} "
+                     f"failed. Generated {generated} by aoizora-lab reports.{kept}"),
         sections="\n".join(sections)), encoding="utf-8")
+    (out_dir / INDEX_RECORD).write_text(json.dumps(
+        [_run_record(run, out_dir) for run in shown], indent=1, default=str), encoding="utf-8")
     return index
+
+
+INDEX_RECORD = "index.json"
+"""Beside ``index.html``: its runs, so that regenerating some reports (``--only``) keeps the
+rows of the others."""
+
+
+def _with_earlier_runs(runs: Sequence[NotebookRun], out_dir: Path) -> list[NotebookRun]:
+    """``runs`` with the recorded runs of the reports they do not cover (whose pages are
+    still there), in the earlier order, new reports last."""
+    try:
+        recorded = json.loads((out_dir / INDEX_RECORD).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        recorded = []
+    fresh = {run.report for run in runs}
+    merged: list[NotebookRun] = []
+    placed: set[str] = set()
+    for entry in recorded if isinstance(recorded, list) else []:
+        try:
+            report = entry["report"]
+            if report in fresh:
+                if report not in placed:
+                    merged.extend(run for run in runs if run.report == report)
+                    placed.add(report)
+                continue
+            earlier = _recorded_run(entry, out_dir)
+        except (KeyError, TypeError, ValueError):
+            continue
+        if earlier.page is not None and earlier.page.exists():
+            merged.append(earlier)
+    merged.extend(run for run in runs if run.report not in placed)
+    return merged
+
+
+def _run_record(run: NotebookRun, out_dir: Path) -> dict[str, Any]:
+    def relative(path: Path | None) -> str | None:
+        return None if path is None else Path(os.path.relpath(path, out_dir)).as_posix()
+
+    return {"report": run.report, "notebook": run.notebook, "parameters": dict(run.parameters),
+            "status": run.status, "seconds": run.seconds, "executed": relative(run.executed),
+            "page": relative(run.page), "records": dict(run.records), "error": run.error}
+
+
+def _recorded_run(entry: dict[str, Any], out_dir: Path) -> NotebookRun:
+    def absolute(path: str | None) -> Path | None:
+        return None if path is None else out_dir / path
+
+    return NotebookRun(report=str(entry["report"]), notebook=str(entry["notebook"]),
+                       parameters=dict(entry["parameters"]), status=entry["status"],
+                       seconds=float(entry["seconds"]), executed=absolute(entry["executed"]),
+                       page=absolute(entry["page"]), records=dict(entry["records"]),
+                       error=entry.get("error"))
 
 
 def _index_row(run: NotebookRun, out_dir: Path) -> str:

@@ -4,6 +4,7 @@ The notebooks in ``tests/data`` stand in for the real ones: ``heatmap`` draws a 
 of its parameters and records values derived from them; ``fails`` records a value, then raises.
 """
 
+import dataclasses
 import re
 import shutil
 import struct
@@ -22,6 +23,7 @@ from aoizora_lab.errors import AoizoraError
 from aoizora_lab.notebook import RECORD_MIMETYPE, record
 from aoizora_lab.reports import (
     ReportSpec,
+    ReportsResult,
     load_matrix,
     read_records,
     run_reports,
@@ -250,6 +252,28 @@ def test_index_links_every_page_and_lists_the_records(reports):
     assert "3 notebook runs in 2 reports: 2 ok, 1 failed" in text
     assert "<b>cells</b>: 12<br><b>total</b>: 132<br><b>label</b>: three by four" in text
     assert 'class="parameters">rows = 3, cols = 4, scale = 2, size = [5, 3], label = three' in text
+
+
+def test_regenerating_some_reports_keeps_the_others_in_the_index(reports, tmp_path):
+    result, out, _ = reports
+    copy = tmp_path / "reports"
+    shutil.copytree(out, copy)
+    # Paths as if the runs had written into the copy.
+    moved = tuple(dataclasses.replace(
+        run, page=copy / run.page.relative_to(out) if run.page else None,
+        executed=copy / run.executed.relative_to(out) if run.executed else None)
+        for run in result.runs)
+    write_index(ReportsResult(moved), copy)
+    again = [dataclasses.replace(run, seconds=99.0) for run in moved if run.report == "grid-1x2"]
+    text = write_index(ReportsResult(tuple(again)), copy).read_text()
+    assert "grid-3x4/heatmap.html" in text and "grid-3x4/fails.ipynb" in text
+    assert "99.0 s" in text and "1 report kept from earlier runs" in text
+    assert "3 notebook runs in 2 reports: 2 ok, 1 failed" in text
+    assert text.index('id="grid-3x4"') < text.index('id="grid-1x2"')  # earlier order kept
+    # A report whose pages are gone is dropped from the index.
+    shutil.rmtree(copy / "grid-3x4")
+    text = write_index(ReportsResult(tuple(again)), copy).read_text()
+    assert "grid-3x4" not in text and "1 notebook runs in 1 report" in text
 
 
 @pytest.mark.slow
