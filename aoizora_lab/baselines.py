@@ -53,13 +53,13 @@ from __future__ import annotations
 import enum
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
 from aoizora_lab.candidates import Candidate, default_attention, explain_candidates
-from aoizora_lab.compile import CompiledCandidate, CompilerFlags, compiler_flags
+from aoizora_lab.compile import DEFAULT_FLAGS, CompiledCandidate, CompilerFlags, compiler_flags
 from aoizora_lab.cost import breakdown, predict
 from aoizora_lab.errors import AoizoraError, is_whole
 from aoizora_lab.placement import (
@@ -582,6 +582,19 @@ def score_baselines(workload: Workload, topology: Topology, pruning: Pruning,
             ranked.append((estimate, s))
         chosen = [s for _, s in sorted(ranked, key=lambda pair: pair[0])]
         plans[name] = (trials, chosen)
+    ensure([s for _, chosen in plans.values() for s in chosen])
+    # A recipe whose flags libtpu refuses on this slice (e.g. asynchronous all-to-all "not
+    # supported on limited ICI") is run without them, as its user would once it fails.
+    for _, chosen in plans.values():
+        for s in list(chosen):
+            result = compiled[(s.candidate.name, s.flags.label)]
+            if result.status in ("crash", "error") and s.flags.label != DEFAULT_FLAGS.label:
+                why = result.message.split("\n")[0][:120]
+                chosen.append(replace(
+                    s, recipe=f"{s.recipe} (without its LIBTPU_INIT_ARGS)", flags=DEFAULT_FLAGS,
+                    note="; ".join(filter(None, [s.note, (
+                        f"its {s.flags.label} flags failed to compile here ({result.status}: "
+                        f"{why}); compiled without them, as a user would")]))))
     ensure([s for _, chosen in plans.values() for s in chosen])
 
     outcomes = []

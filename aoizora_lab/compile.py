@@ -259,9 +259,10 @@ def compile_candidates(candidates: Sequence[Candidate], workload: Workload, topo
                     zip(candidates, raw, strict=True))
 
 
-HOST_MEMORY_FILE = "host_memory.json"
-"""In the compile cache: the largest resident memory one compile of each sweep (workload,
-slice, depth; any candidate) has taken on this machine, which sizes the next sweep."""
+HOST_MEMORY_FILE = ".host_memory.json"
+"""In the compile cache (a dot file, so nothing takes it for an entry): the largest resident
+memory one compile of each sweep (workload, slice, depth; any candidate) has taken on this
+machine, which sizes the next sweep."""
 
 
 def compile_workers(peak_bytes: float, available_bytes: float, cpus: int, *,

@@ -19,11 +19,13 @@ from aoizora_lab.baselines import (
     Status,
     maxdiffusion_recipes,
     maxdiffusion_setup,
+    score_baselines,
     system_setups,
     user_setup,
     xdit_recipes,
     xdit_setup,
 )
+from aoizora_lab.compile import CompiledCandidate, compile_candidates
 from aoizora_lab.cost import predict
 from aoizora_lab.placement import create_device_mesh_order, make_mesh_order, plain_order
 from aoizora_lab.planner import plan
@@ -237,6 +239,31 @@ def test_the_headline_is_made_of_the_prices_it_names(planned, host):
     frame = head.to_frame()
     assert set(frame["measures"]) == {"vs existing systems", "placement gain",
                                       "strategy gain"}
+
+
+@pytest.mark.slow
+def test_a_recipe_whose_flags_fail_to_compile_runs_without_them(planned, host, tmp_path):
+    # As libtpu answers MaxDiffusion's asynchronous all-to-all on a v5e:8x8 ("limited ICI").
+    refusal = "UNIMPLEMENTED: Async all-to-all not supported on limited ICI"
+
+    def compile_refusing_flags(candidates, flags):
+        if flags.label != "default":
+            return [CompiledCandidate(c, "error", f"JaxRuntimeError: {refusal}", 0.0,
+                                      flags=flags) for c in candidates]
+        return list(compile_candidates(candidates, WORKLOAD, host, cache_dir=tmp_path))
+
+    outcomes, _ = score_baselines(WORKLOAD, host, planned.pruning, {}, compile_refusing_flags)
+    best = outcomes["maxdiffusion-best"]
+    assert best.status is Status.OK and best.setup.flags.label == "default"
+    trials = outcomes.trials()
+    mine = trials[trials["baseline"] == "maxdiffusion-best"]
+    refused = mine[mine["reason"].fillna("").str.contains("limited ICI")]
+    retried = mine[mine["recipe"].str.endswith("(without its LIBTPU_INIT_ARGS)")]
+    assert len(refused) == len(retried) > 0  # each refused recipe once more, without flags
+    assert retried["total_s"].notna().all()
+    assert best.plan.predicted.total_s == mine["total_s"].min()
+    if best.setup.recipe.endswith("(without its LIBTPU_INIT_ARGS)"):
+        assert "compiled without them, as a user would" in best.setup.note
 
 
 @pytest.mark.slow
