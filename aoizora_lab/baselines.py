@@ -543,7 +543,9 @@ def score_baselines(workload: Workload, topology: Topology, pruning: Pruning,
 
     A system with several setups compiles every one whose candidate the planner's space holds
     (the IR estimate is reported, not used to choose) and takes the fastest predicted step; a
-    setup outside the space (over HBM, a trace that failed) is a trial with that reason.
+    setup outside the space (over HBM, a trace that failed) is a trial with that reason. A
+    setup whose recipe flags fail to compile (libtpu refuses asynchronous all-to-all on
+    "limited ICI", e.g. ``v5e:8x8``) is tried again with the default flags, as its user would.
     Returns the outcomes and the compiles this added.
     """
     compiled = dict(compiled)
