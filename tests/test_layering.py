@@ -35,7 +35,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # on top of the pipeline
     ("measure", "measure.clock", "measure.timing", "measure.microbench",
      "measure.calibration"),
-    ("viz", "viz.units", "viz.display", "viz.loads", "viz.torus", "viz.charts",
+    ("viz", "viz.units", "viz.display", "viz.loads", "viz.views", "viz.torus", "viz.charts",
      "viz.explorer", "notebook"),
     ("bench", "bench.report", "bench.quality", "bench.search", "bench.throughput", "reports",
      "cli"),
