@@ -36,10 +36,9 @@ from plotly.subplots import make_subplots
 
 from aoizora_lab.errors import AoizoraError
 from aoizora_lab.topology import PLUS, Topology
-from aoizora_lab.viz import views
 from aoizora_lab.viz.loads import LinkKey
 from aoizora_lab.viz.units import format_bytes
-from aoizora_lab.viz.views import SliceView
+from aoizora_lab.viz.views import SliceView, auto_block, coarsen, region_view
 
 LinkValue = Literal["bytes", "share"]
 """What colours a link: its bytes, or its share of the busiest link's bytes."""
@@ -190,12 +189,12 @@ def slice_view(topology: Topology, loads: Sequence[np.ndarray], *,
         if len(region) != 2:
             raise AoizoraError(f"region={region!r}; pass (start, stop), one chip coordinate "
                                "per axis each, e.g. ((0, 0), (8, 8)).")
-        return [views.region(topology, each, *region, labels, hover, kind) for each in loads]
-    block = views.auto_block(topology) if block is None else block
+        return [region_view(topology, each, *region, labels, hover, kind) for each in loads]
+    block = auto_block(topology) if block is None else block
     if block == 1:
         return [SliceView(topology, each, tuple(labels), tuple(hover), "", label_kind=kind)
                 for each in loads]
-    return [views.coarsen(topology, each, block) for each in loads]
+    return [coarsen(topology, each, block) for each in loads]
 
 
 def heatmap_comparison(

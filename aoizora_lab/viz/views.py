@@ -9,7 +9,7 @@ hundred pixels. Two views keep it readable, each itself drawn as a small slice:
   says the busiest link inside it. Example: ``v5e:16x16`` in blocks of 4 is a 4x4 view with
   its wraparound kept; the +x link of cell (0, 0) is the busiest of the four links from chips
   (3, 0..3) to chips (4, 0..3).
-- :func:`region` keeps the chips from ``start`` to ``stop`` on each axis with every link
+- :func:`region_view` keeps the chips from ``start`` to ``stop`` on each axis with every link
   between them, labelled as on the whole slice; wraparound only where the region spans its
   whole axis (links leaving the region are not drawn).
 
@@ -102,7 +102,7 @@ def coarsen(topology: Topology, link_bytes: np.ndarray, block: int) -> SliceView
                      label_kind="labels: a block's first chip")
 
 
-def region(topology: Topology, link_bytes: np.ndarray, start: Sequence[int],
+def region_view(topology: Topology, link_bytes: np.ndarray, start: Sequence[int],
            stop: Sequence[int], labels: Sequence[str], hover: Sequence[str],
            label_kind: str = "labels: device index") -> SliceView:
     """The chips from ``start`` to ``stop`` (per axis, stop excluded) with the links between
