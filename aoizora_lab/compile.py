@@ -54,7 +54,7 @@ from aoizora_lab.errors import AoizoraError, is_whole
 from aoizora_lab.hlo import CommProgram, parse_hlo
 from aoizora_lab.records import Records
 from aoizora_lab.topology import Topology
-from aoizora_lab.versions import cache_root, program_versions
+from aoizora_lab.versions import cache_root, program_versions, write_atomically
 from aoizora_lab.workload import Workload
 
 if TYPE_CHECKING:
@@ -243,11 +243,9 @@ def compile_candidates(candidates: Sequence[Candidate], workload: Workload, topo
     jobs = [_job(c, workload, topology, num_layers, flags) for c in candidates]
     sweep = _sweep_key(jobs[0]) if jobs else ""
     own = executor is None
-    if own:
-        workers = compile_workers(_seen_host_peak(cache, sweep), _available_memory(),
-                                  os.cpu_count() or 1, what=f"{workload.name} on "
-                                  f"{topology.name} at {num_layers or model.num_layers} layers")
-    pool = executor or cf.ThreadPoolExecutor(max_workers=workers)
+    pool = executor or cf.ThreadPoolExecutor(max_workers=compile_workers(
+        _seen_host_peak(cache, sweep), _available_memory(), os.cpu_count() or 1,
+        what=f"{workload.name} on {topology.name} at {num_layers or model.num_layers} layers"))
     try:
         futures = [pool.submit(run_job, job, str(cache), timeout_s) for job in jobs]
         raw = [f.result() for f in futures]
@@ -307,10 +305,7 @@ def _record_host_peak(cache: Path, sweep: str, peaks: Sequence[float]) -> None:
     try:
         record = json.loads(path.read_text()) if path.exists() else {}
         record[sweep] = max(float(record.get(sweep, 0.0)), max(measured))
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(record, indent=1, sort_keys=True))
-        tmp.replace(path)
+        write_atomically(path, json.dumps(record, indent=1, sort_keys=True))
     except (OSError, ValueError, TypeError, AttributeError):
         pass  # a record that cannot be kept only means the next sweep is not sized by it
 

@@ -23,8 +23,9 @@ a batch of placements with numpy:
    order they came from.
 
 Throughput (placements per second on one core, ``benchmarks/placement_throughput.py``, the
-table in ``reports/benchmarks.md``): tens of thousands at 16 chips; the swap scoring is what
-keeps 64 and 256 chips in the same range, where a whole placement costs chips x links.
+table in ``reports/benchmarks.md``): about 67,000 at 8 chips, 23,000 at 16, 11,000 at 64 and
+2,800 at 256 with a Wan 14B program, the swap scoring 2-3x faster than whole placements at 64
+and 256 chips (most of what is left is per-structure work per call and dense link vectors).
 
 **Symmetry** (:func:`symmetries`): mirrors of each axis, swaps of equal axes with equal wrap,
 and translations along wrapped axes map the slice onto itself and leave every score unchanged;
@@ -341,7 +342,6 @@ each group's longest hop count ``[B, groups]``, and for gathers and reductions e
 row in the phase tables ``[B, groups]`` (-1: irregular; ``None`` for other kinds)."""
 
 
-
 class PlacementScorer:
     """Predicted exposed communication seconds of one program under many placements (see
     module)."""
@@ -503,11 +503,12 @@ class PlacementScorer:
         """Exposed communication seconds no placement can go below (the search's gap is its
         best score over this).
 
-        Each collective at its per-chip injection bound: a chip has at most two ICI links
-        per axis longer than 2 (or wrapped), one per axis of 2, and whatever it cannot hold
-        on its own devices must cross them. A member of an all-gather of ``n`` (result
-        ``R``) holding ``m`` members on its chip receives ``(n - m) R / n``; a reduce-scatter
-        ``(n - m)`` shards of ``R``, an all-reduce both; an all-to-all member sends
+        Each collective at its per-chip injection bound: a chip has at most as many ICI links
+        as the best-connected chip of the slice (two per axis longer than 2 or wrapped, one
+        per axis of 2), and whatever it cannot hold on its own devices must cross them. A
+        member of an all-gather of ``n`` (result ``R``) holding ``m`` members on its chip
+        receives ``(n - m) R / n``; a reduce-scatter ``(n - m)`` shards of ``R``, an
+        all-reduce both; an all-to-all member sends
         ``(n - m) R / n``, with ``m`` members on a chip sending ``m`` times that; a permute
         pair on two chips sends ``R``. No hop latency, never below the collective's HBM
         time, and the overlap groups priced as :meth:`scores` prices them (their time is
@@ -521,9 +522,7 @@ class PlacementScorer:
         average of the 224 links, 25 ms at 45 GB/s.
         """
         topology = self.topology
-        degree = sum(2 if (size > 2 or wrap) else 1
-                     for size, wrap in zip(topology.shape, topology.wrap, strict=True)
-                     if size > 1)
+        degree = int(topology.link_exists.reshape(topology.num_chips, -1).sum(axis=1).max())
         per_chip = topology.devices_per_chip
         link_rate = self.chip.ici_link_bandwidth * self.chip.ici_efficiency
         bandwidth = degree * link_rate
@@ -570,16 +569,12 @@ class PlacementScorer:
         for base in bases:
             key = base.tobytes()
             if key not in self._known and key in swaps:
-                k = swaps[key]
-                self._known[key] = [tuple(None if part is None else part[k:k + 1]
-                                          for part in term) for term in swap_terms]
+                self._known[key] = _row_terms(swap_terms, swaps[key])
         missing = [b for b in bases if b.tobytes() not in self._known]
         if missing:
             fresh = self._terms(np.array(missing))
             for k, base in enumerate(missing):
-                self._known[base.tobytes()] = [
-                    tuple(None if part is None else part[k:k + 1] for part in term)
-                    for term in fresh]
+                self._known[base.tobytes()] = _row_terms(fresh, k)
         per_base = [self._known[b.tobytes()] for b in bases]
         terms = []
         for index in range(len(self.structures)):
@@ -618,7 +613,7 @@ class PlacementScorer:
                 self._distances[group[:, None], group[None, :]].max())
         return hops[inverse.ravel()].reshape(chips.shape[:2])
 
-    def _price(self, terms: list[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
+    def _price(self, terms: list[Terms]) -> np.ndarray:
         """Exposed seconds of each order from its per-structure :meth:`_terms`."""
         per_byte = 1.0 / (self.chip.ici_link_bandwidth * self.chip.ici_efficiency)
         # One byte of each distinct (kind, groups): busiest-link time summed over phases,
@@ -662,8 +657,10 @@ class PlacementScorer:
         return np.bincount(slot, weight, minlength=num_rows * self._num_links).reshape(
             num_rows, self._num_links)
 
-    def _unit_phase_loads(self, kind: str, chips: np.ndarray) -> np.ndarray:
-        """Per-phase link loads ``[B, phases, links]`` of one byte of ``kind`` on ``chips``.
+    def _unit_phase_loads(self, kind: str, chips: np.ndarray
+                          ) -> tuple[np.ndarray, np.ndarray | None]:
+        """Per-phase link loads ``[B, phases, links]`` of one byte of ``kind`` on ``chips``,
+        and for gathers and reductions each group's table row (:data:`Terms`).
 
         The groups of a collective run their phases together: phase *k* adds every group's
         *k*-th phase, exactly as :func:`~aoizora_lab.estimate` merges them.
@@ -790,6 +787,12 @@ class PlacementScorer:
         self._tables = (single, double)
         self._table_rows = row + 1
         return row
+
+
+def _row_terms(terms: list[Terms], k: int) -> list[Terms]:
+    """Order ``k``'s part (one row, views) of a batch's per-structure terms."""
+    return [tuple(None if part is None else part[k:k + 1] for part in term)
+            for term in terms]
 
 
 def _grown(table: np.ndarray, rows: int, phases: int, used: int) -> np.ndarray:

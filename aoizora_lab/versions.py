@@ -43,3 +43,12 @@ def program_versions(extra_sources: Sequence[str] = ()) -> dict[str, str]:
         digest.update((root / source).read_bytes())
     versions["program_source"] = digest.hexdigest()[:16]
     return versions
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file renamed into place (its folder is
+    created), so a reader, or another process writing the same file, never sees half of it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    partial.write_text(text)
+    partial.replace(path)

@@ -61,15 +61,20 @@ def _with_ring_shift(program, mesh):
     return [*program, az.Collective("collective-permute", shift, 3e6, count=20)]
 
 
+def _shifted_case(shape, wrap, per_chip):
+    """A simulated slice, a (2, n/2) mesh over it and _program with a ring shift on it."""
+    topology = az.Topology.simulated(shape, generation="v5p" if len(shape) == 3 else "v5e",
+                                     wrap=wrap, devices_per_chip=per_chip)
+    mesh = (2, topology.num_devices // 2)
+    return topology, mesh, _with_ring_shift(_program(mesh), mesh)
+
+
 @pytest.mark.parametrize(("shape", "wrap", "per_chip"), [
     ((4, 4), None, 1), ((4, 4), (True, True), 1), ((2, 2, 4), None, 1), ((2, 4), None, 2),
     ((8, 8), None, 1)])
 def test_swap_scores_are_the_scores_of_the_swapped_orders(shape, wrap, per_chip):
-    topology = az.Topology.simulated(shape, generation="v5p" if len(shape) == 3 else "v5e",
-                                     wrap=wrap, devices_per_chip=per_chip)
+    topology, mesh, program = _shifted_case(shape, wrap, per_chip)
     n = topology.num_devices
-    mesh = (2, n // 2)
-    program = _with_ring_shift(_program(mesh), mesh)
     scorer = PlacementScorer(program, topology)
     rng = np.random.default_rng(3)
     # Bases: a structured placement (regular groups) and a random one (irregular groups).
@@ -195,14 +200,10 @@ def test_search_reaches_the_optimum_of_a_program_with_irregular_groups():
 @pytest.mark.parametrize(("shape", "wrap", "per_chip"), [
     ((2, 4), None, 1), ((4, 4), (True, True), 1), ((2, 2, 4), None, 1), ((2, 4), None, 2)])
 def test_lower_bound_is_below_every_placement(shape, wrap, per_chip):
-    topology = az.Topology.simulated(shape, generation="v5p" if len(shape) == 3 else "v5e",
-                                     wrap=wrap, devices_per_chip=per_chip)
-    n = topology.num_devices
-    mesh = (2, n // 2)
-    program = _with_ring_shift(_program(mesh), mesh)
+    topology, mesh, program = _shifted_case(shape, wrap, per_chip)
     scorer = PlacementScorer(program, topology)
     rng = np.random.default_rng(5)
-    orders = [rng.permutation(n) for _ in range(200)]
+    orders = [rng.permutation(topology.num_devices) for _ in range(200)]
     orders += [p.order for p in structured_placements(mesh, topology)]
     assert scorer.lower_bound() <= scorer.scores(orders).min()
 

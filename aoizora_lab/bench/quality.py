@@ -24,6 +24,7 @@ import pandas as pd
 from aoizora_lab.bench.report import case_label, case_row, config_line, markdown_table, met
 from aoizora_lab.cases import Case
 from aoizora_lab.topology import Topology
+from aoizora_lab.versions import write_atomically
 from aoizora_lab.workload import Workload
 
 DEFAULT_MATRIX: tuple[str, ...] = (
@@ -268,13 +269,10 @@ def record_name(workload: str, slice_name: str) -> str:
 
 def _write_record(path: Path, **record: Any) -> None:
     record["date"] = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
-    path.parent.mkdir(parents=True, exist_ok=True)
     # numpy scalars as Python numbers; NaN stays NaN (Python's json reads it back).
     text = json.dumps(record, indent=1,
                       default=lambda v: v.item() if hasattr(v, "item") else str(v))
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(text + "\n")
-    tmp.replace(path)
+    write_atomically(path, text + "\n")
 
 
 def _read_record(path: Path, num_layers: int | None, budget: int) -> dict[str, Any] | None:

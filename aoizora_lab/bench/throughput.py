@@ -90,7 +90,7 @@ def _throughput_row(workload: Workload, topology: Topology, *, name: str, evalua
     done = scorer.evaluations
     best_s = min(float(scores.min()), float(scorer.scores(ends).min()))
     bound_s = scorer.lower_bound()
-    # For comparison: the same swaps priced as whole placements (no kept terms).
+    # For comparison: swaps of the same starts priced as whole placements (no kept terms).
     whole = PlacementScorer(compiled.program, topology)
     batch = np.repeat(starts, WHOLE_BATCH // len(starts), axis=0)
     i, j = rng.integers(0, topology.num_devices, size=(2, len(batch)))
@@ -125,7 +125,7 @@ def throughput_markdown(table: pd.DataFrame, evaluations: int) -> str:
         f"placements/s`: {WHOLE_BATCH} such swaps priced from scratch (`scores`), for "
         "comparison. `best exposed_s`: the least exposed communication found; `lower "
         "bound_s`: what no placement can beat (`PlacementScorer.lower_bound`: every "
-        "collective at its per-chip injection bound, each byte counted on one link only, so "
-        "loose where routes are long); `gap` = best / bound.",
+        "collective at its per-chip injection bound, all-to-alls also at their average link "
+        "load; loose where gathers' routes are long); `gap` = best / bound.",
         markdown_table(table),
     ])
