@@ -150,7 +150,7 @@ def _reports_command(args: argparse.Namespace) -> int:
 
     from aoizora_lab.reports import load_matrix, run_reports, select_reports, write_index
 
-    specs = select_reports(load_matrix(args.matrix), args.only)
+    specs = select_reports(load_matrix(args.matrix), args.only, everything=args.all)
     result = run_reports(specs, args.notebooks, args.out, kernel_name=args.kernel,
                          progress=not args.quiet)
     index = write_index(result, args.out)
@@ -243,9 +243,11 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--out", default="reports", help="output folder (pages and index.html)")
     rep.add_argument("--notebooks", default="notebooks", help="folder of the notebooks")
     rep.add_argument("--only", nargs="+", metavar="NAME", help="run only these reports")
+    rep.add_argument("--all", action="store_true",
+                     help="every report of the matrix, also those marked default: false")
     rep.add_argument("--kernel", default=None,
                      help="installed kernelspec to run (default: this interpreter)")
-    rep.add_argument("--quiet", action="store_true", help="no progress bars")
+    rep.add_argument("--quiet", action="store_true", help="no progress lines")
     rep.set_defaults(run=_reports_command)
     ben = commands.add_parser(
         "bench", help="run the benchmarks (plan quality, search cost, placement throughput) "

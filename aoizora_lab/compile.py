@@ -52,9 +52,16 @@ from typing import TYPE_CHECKING, Any
 from aoizora_lab.candidates import Candidate
 from aoizora_lab.errors import AoizoraError, is_whole
 from aoizora_lab.hlo import CommProgram, parse_hlo
+from aoizora_lab.progress import note as progress_note
 from aoizora_lab.records import Records
 from aoizora_lab.topology import Topology
-from aoizora_lab.versions import cache_root, program_versions, write_atomically
+from aoizora_lab.versions import (
+    cache_root,
+    digest,
+    memoized,
+    program_versions,
+    write_atomically,
+)
 from aoizora_lab.workload import Workload
 
 if TYPE_CHECKING:
@@ -244,10 +251,18 @@ def compile_candidates(candidates: Sequence[Candidate], workload: Workload, topo
     sweep = _sweep_key(jobs[0]) if jobs else ""
     own = executor is None
     pool = executor or cf.ThreadPoolExecutor(max_workers=compile_workers(
-        _seen_host_peak(cache, sweep), _available_memory(), os.cpu_count() or 1,
+        _seen_host_peak(cache, sweep), _available_memory(), _usable_cpus(),
         what=f"{workload.name} on {topology.name} at {num_layers or model.num_layers} layers"))
     try:
-        futures = [pool.submit(run_job, job, str(cache), timeout_s) for job in jobs]
+        futures = {pool.submit(run_job, job, str(cache), timeout_s): c
+                   for job, c in zip(jobs, candidates, strict=True)}
+        for done, future in enumerate(cf.as_completed(futures), 1):
+            outcome = future.result()
+            if not outcome.get("cached"):  # a cached one takes no time worth a line
+                progress_note(f"compile {done} of {len(jobs)} ({workload.name} on "
+                              f"{topology.name}): {futures[future].name} ({flags.label} "
+                              f"flags) {outcome['status']} in "
+                              f"{float(outcome.get('compile_seconds', 0.0)):.0f} s")
         raw = [f.result() for f in futures]
     finally:
         if own:
@@ -255,6 +270,14 @@ def compile_candidates(candidates: Sequence[Candidate], workload: Workload, topo
     _record_host_peak(cache, sweep, [r.get("host_peak_bytes", math.nan) for r in raw])
     return Compiles(_result(c, r, model.num_layers, num_layers, flags) for c, r in
                     zip(candidates, raw, strict=True))
+
+
+def _usable_cpus() -> int:
+    """CPUs this process may run on (``taskset`` / a container's CPU set), not the machine's."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except AttributeError:  # no affinity call on this platform
+        return os.cpu_count() or 1
 
 
 HOST_MEMORY_FILE = ".host_memory.json"
@@ -493,8 +516,12 @@ def _result(candidate: Candidate, raw: dict[str, Any], model_layers: int,
     program = None
     hlo_path = Path(raw["hlo_path"]) if raw.get("hlo_path") else None
     if raw["status"] == "ok" and hlo_path is not None:
-        program = program_at_depth(hlo_path.read_text(), candidate.num_devices, num_layers,
-                                   model_layers)
+        # Parsing a 14B program takes ~0.2 s; a warm plan reads ~50 of them back instead.
+        program = memoized(
+            "program", (raw.get("hlo_sha256") or digest(hlo_path.read_bytes()),
+                        candidate.num_devices, num_layers, model_layers),
+            lambda: program_at_depth(hlo_path.read_text(), candidate.num_devices, num_layers,
+                                     model_layers), sources=["hlo.py"])
     return CompiledCandidate(
         candidate=candidate, status=raw["status"], message=raw.get("message", ""),
         compile_seconds=float(raw.get("compile_seconds", 0.0)),

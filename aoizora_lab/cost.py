@@ -53,6 +53,7 @@ from aoizora_lab.comm_model import estimate
 from aoizora_lab.errors import AoizoraError
 from aoizora_lab.hardware import ChipSpec, device_spec
 from aoizora_lab.topology import Topology
+from aoizora_lab.versions import fingerprint, memoized
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -230,11 +231,27 @@ def _path_seconds(link_bytes: np.ndarray, chip_bytes: np.ndarray, chip: ChipSpec
                float(chip_bytes.max(initial=0.0)) / chip.intra_chip_bandwidth)
 
 
+Priced = tuple[tuple["OverlapGroup", ...], list[float], list[float], tuple["CommEstimate", ...]]
+
+
 def _priced(program: CommProgram, topology: Topology, placement: Any, chip: ChipSpec,
-            compute_model: str | None) -> tuple[tuple[OverlapGroup, ...], list[float],
-                                               list[float], tuple[CommEstimate, ...]]:
+            compute_model: str | None) -> Priced:
     """Overlap groups, per collective its time alone per run and its exposed time per step,
-    and the ICI estimates."""
+    and the ICI estimates; kept on disk (a warm plan prices its baselines and placement gains
+    again, ~0.1 s each on 16 chips)."""
+    order = None if placement is None else tuple(int(i) for i in np.asarray(placement).ravel())
+    return memoized("priced", (fingerprint(program), topology.cache_key, order, chip,
+                               compute_model),
+                    lambda: _price(program, topology, placement, chip, compute_model),
+                    sources=PRICING_SOURCES)
+
+
+PRICING_SOURCES = ("cost.py", "comm_model.py", "topology.py", "hardware.py", "hlo.py")
+"""The code a priced program depends on besides its inputs."""
+
+
+def _price(program: CommProgram, topology: Topology, placement: Any, chip: ChipSpec,
+           compute_model: str | None) -> Priced:
     parts = estimate(program.collectives, topology, placement, chip=chip).parts \
         if program.collectives else ()
     alone = [max(p.seconds / c.count, hbm_seconds(c, chip)) if c.count else 0.0

@@ -71,6 +71,7 @@ from aoizora_lab.hardware import ChipSpec, device_spec
 from aoizora_lab.hlo import CommProgram
 from aoizora_lab.records import Records
 from aoizora_lab.topology import Topology
+from aoizora_lab.versions import fingerprint, memoized
 
 
 @dataclass(frozen=True)
@@ -1013,10 +1014,21 @@ def rank_placements(program: CommProgram, candidate: Candidate, topology: Topolo
     """Search ``candidate``'s placements for its compiled ``program`` and price the ``top``
     ones that leave the least communication exposed, fastest first: the one way the planner
     and the benchmarks rank a compiled program's placements."""
-    found = search_placements(program, candidate.mesh_shape, topology, budget=budget,
-                              axis_names=candidate.axis_names,
-                              extra=library_orders(candidate.mesh_shape, candidate.axis_names,
-                                                   topology))
-    return Ranking(RankedPlacement(candidate, s.placement,
-                                   predict(program, topology, s.placement), s.source, flags)
-                   for s in found[:top]).ranked()
+    def search() -> Ranking:
+        found = search_placements(program, candidate.mesh_shape, topology, budget=budget,
+                                  axis_names=candidate.axis_names,
+                                  extra=library_orders(candidate.mesh_shape,
+                                                       candidate.axis_names, topology))
+        return Ranking(RankedPlacement(candidate, s.placement,
+                                       predict(program, topology, s.placement), s.source, flags)
+                       for s in found[:top]).ranked()
+
+    # Deterministic (seeded search), so a warm plan reads it back: ~2 s per 14B program.
+    return memoized("placement", (fingerprint(program), candidate, topology.cache_key,
+                                  repr(device_spec(topology)), budget, top, flags),
+                    search, sources=RANKING_SOURCES)
+
+
+RANKING_SOURCES = ("placement.py", "comm_model.py", "cost.py", "topology.py", "hardware.py",
+                   "hlo.py")
+"""The code a placement ranking depends on besides its inputs (:func:`rank_placements`)."""

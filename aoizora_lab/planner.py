@@ -45,6 +45,7 @@ from aoizora_lab.errors import AoizoraError, is_whole
 from aoizora_lab.hlo import CommProgram
 from aoizora_lab.ir_estimate import IRCacheDir
 from aoizora_lab.placement import TOP_PLACEMENTS, Ranking, rank_placements
+from aoizora_lab.progress import note as progress_note
 from aoizora_lab.prune import Pruning, prune
 from aoizora_lab.realize import Plan
 from aoizora_lab.topology import Topology
@@ -170,12 +171,13 @@ def plan(workload: Workload, topology: Topology, *, keep: int = 3, budget: int =
         flag_sets = flag_sets[:1]
     progress = tqdm(total=5, desc="plan", disable=quiet)
 
-    def stage(name: str) -> None:
+    def stage(name: str, detail: str) -> None:
         progress.set_postfix_str(name)
         progress.update(1)
+        progress_note(f"plan {workload.name} on {topology.name}: {detail}")
 
     space = explain_candidates(workload, topology)
-    stage("candidates")
+    stage("candidates", f"{len(space.valid)} valid candidates; tracing their IR")
     pruning = prune(space.valid, workload, topology, keep=keep, ir_cache_dir=ir_cache_dir)
     if not pruning.kept:
         raise AoizoraError(
@@ -184,7 +186,8 @@ def plan(workload: Workload, topology: Topology, *, keep: int = 3, budget: int =
             + ". A model that cannot fit needs more chips (a larger slice) or a generation "
             "with more HBM; a failed trace is a bug worth reporting with its message."
         )
-    stage("pruned")
+    stage("pruned", f"{len(pruning.kept)} kept by the IR estimates; compiling them with "
+          f"{len(flag_sets)} flag set(s)")
 
     def compile(candidates: list[Candidate], with_flags: CompilerFlags) -> Compiles:
         return compile_candidates(candidates, workload, topology, executor=executor,
@@ -192,7 +195,7 @@ def plan(workload: Workload, topology: Topology, *, keep: int = 3, budget: int =
                                   num_layers=num_layers, flags=with_flags)
 
     compiled = Compiles(r for f in flag_sets for r in compile(pruning.kept, f))
-    stage("compiled")
+    stage("compiled", "compiling the existing systems' setups")
     if not compiled.ok:
         raise AoizoraError(
             "No candidate compiled: "
@@ -204,8 +207,8 @@ def plan(workload: Workload, topology: Topology, *, keep: int = 3, budget: int =
     # places their programs too: the plan searches the space the systems run in.
     baselines, added = score_baselines(workload, topology, pruning,
                                        {r.key: r for r in compiled}, compile, compare=compare)
-    stage("baselines")
     programs = [*compiled.ok, *(r for r in added if r.status == "ok")]
+    stage("baselines", f"searching placements of {len(programs)} compiled programs")
     ranking = Ranking(entry for r in programs for entry in rank_placements(
         r.program, r.candidate, topology, budget=budget, top=top_placements,
         flags=r.flags)).ranked()
@@ -216,7 +219,7 @@ def plan(workload: Workload, topology: Topology, *, keep: int = 3, budget: int =
                     breakdown(program, topology, top.placement), flags=top.flags)
     priced = [o.plan for o in baselines if o.plan is not None]
     best = min([searched, *priced], key=lambda p: p.predicted.total_s)
-    stage("placed")
+    stage("placed", f"done: {best.candidate.name}, {best.predicted.total_s:.3f} s per step")
     progress.close()
     return PlanResult(space, pruning, compiled, ranking,
                       Baselines(baselines, plan_s=best.predicted.total_s), Compiles(added),

@@ -40,6 +40,7 @@ import keyword
 import math
 import os
 import re
+import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -50,6 +51,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from aoizora_lab.errors import AoizoraError
 from aoizora_lab.notebook import RECORD_MIMETYPE, check_library_parameters
+from aoizora_lab.progress import MARKER as PROGRESS_MARKER
+from aoizora_lab.progress import PROGRESS_ENV
 
 if TYPE_CHECKING:
     import nbformat
@@ -66,7 +69,7 @@ Status = Literal["ok", "failed"]
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")  # it names a folder or a file
 _NUMBERED_NOTEBOOK = re.compile(r"\d\d_.+\.ipynb")
 _MATRIX_KEYS = ("notebooks", "reports")
-_REPORT_KEYS = ("name", "notebooks", "parameters")
+_REPORT_KEYS = ("name", "notebooks", "parameters", "default")
 _PAPERMILL_TAGS = frozenset({"parameters", "injected-parameters"})
 
 # The lab template without its network scripts (require.js, MathJax, mermaid, the widget
@@ -113,6 +116,9 @@ class ReportSpec:
     """Values injected after each notebook's ``parameters`` cell. JSON-like: tuples become
     lists; ``case`` (a case spec, :func:`aoizora_lab.cases.parse_case`) is checked as the
     library would check it."""
+    default: bool = True
+    """Run by a plain ``aoizora-lab reports`` (the main job); ``False``: only with ``--all`` or
+    ``--only <name>`` (a large slice or a 14B model, whose cold compiles take many minutes)."""
 
     def __post_init__(self) -> None:
         if isinstance(self.notebooks, str):
@@ -123,6 +129,10 @@ class ReportSpec:
             raise AoizoraError(
                 f"ReportSpec.notebooks={self.notebooks!r} must be a list of notebook names, "
                 "e.g. ['01_candidates'] (empty: every numbered notebook).")
+        if not isinstance(self.default, bool):
+            raise AoizoraError(
+                f"ReportSpec.default={self.default!r} must be true or false (false: run only "
+                "with --all or --only).")
         object.__setattr__(self, "notebooks", tuple(
             n.removesuffix(".ipynb") if isinstance(n, str) else n for n in self.notebooks))
         if not isinstance(self.parameters, Mapping):
@@ -222,7 +232,8 @@ def load_matrix(path: str | Path = DEFAULT_MATRIX) -> list[ReportSpec]:
         try:
             parameters = entry.get("parameters")
             specs.append(ReportSpec(name=entry["name"], notebooks=tuple(notebooks),
-                                    parameters={} if parameters is None else parameters))
+                                    parameters={} if parameters is None else parameters,
+                                    default=entry.get("default", True)))
         except AoizoraError as err:
             raise AoizoraError(f"{where}: {err}") from None
     names = [spec.name for spec in specs]
@@ -239,10 +250,12 @@ def _check_keys(mapping: Mapping[str, Any], accepted: Sequence[str], where: str)
             f"{where}: unknown key(s) {unknown}; accepted keys are {list(accepted)}.")
 
 
-def select_reports(specs: Sequence[ReportSpec], names: Sequence[str] | None) -> list[ReportSpec]:
-    """The reports named in ``names`` (in matrix order); all of them when ``names`` is empty."""
+def select_reports(specs: Sequence[ReportSpec], names: Sequence[str] | None, *,
+                   everything: bool = False) -> list[ReportSpec]:
+    """The reports named in ``names`` (in matrix order, default or not); without names the
+    default ones (:attr:`ReportSpec.default`), or all of them with ``everything``."""
     if not names:
-        return list(specs)
+        return [spec for spec in specs if spec.default or everything]
     known = [spec.name for spec in specs]
     unknown = [name for name in names if name not in known]
     if unknown:
@@ -307,11 +320,10 @@ def run_reports(specs: Sequence[ReportSpec], notebooks_dir: str | Path, out_dir:
 
     ``kernel_name=None`` runs ipykernel in this interpreter, so a fresh virtual environment
     works even when the notebook's or the system's ``python3`` kernelspec points elsewhere;
-    a name selects an installed kernelspec (``jupyter kernelspec list``). ``progress`` shows a
-    progress bar per report.
+    a name selects an installed kernelspec (``jupyter kernelspec list``). ``progress`` writes
+    a line per notebook to ``stderr`` (which, how long it took last time, time left) and the
+    kernels' progress lines (each compile, each plan stage) as they come.
     """
-    from tqdm.auto import tqdm
-
     # Absolute: papermill changes into the notebook's folder (``cwd``) while the kernel runs.
     notebooks_dir, out_dir = Path(notebooks_dir).absolute(), Path(out_dir).absolute()
     plan = []
@@ -327,17 +339,86 @@ def run_reports(specs: Sequence[ReportSpec], notebooks_dir: str | Path, out_dir:
                 "give the parameter a default in a notebook's parameters cell.")
         plan.append((spec, declared))
     _write_assets(out_dir)
+    jobs = [(spec, path, names) for spec, declared in plan for path, names in declared.items()]
+    earlier = _earlier_seconds(out_dir)
+    say = _Progress(len(jobs), earlier, enabled=progress)
     runs: list[NotebookRun] = []
-    for spec, declared in plan:
-        folder = out_dir / spec.name
-        folder.mkdir(parents=True, exist_ok=True)
-        bar = tqdm(declared.items(), desc=spec.name, unit="notebook", disable=not progress)
-        for path, names in bar:
-            bar.set_postfix_str(path.stem)
+    # The kernels inherit this setting: their compiles and plan stages write progress lines,
+    # which the runner forwards to this terminal and leaves out of the pages.
+    before = os.environ.get(PROGRESS_ENV)
+    os.environ[PROGRESS_ENV] = "1" if progress else "0"
+    try:
+        for i, (spec, path, names) in enumerate(jobs):
+            folder = out_dir / spec.name
+            folder.mkdir(parents=True, exist_ok=True)
             parameters = {k: v for k, v in spec.parameters.items() if k in names}
-            runs.append(_run_notebook(spec.name, path, parameters, folder,
-                                      kernel_name=kernel_name))
+            say.start(i, spec.name, path.stem, [(s.name, p.stem) for s, p, _ in jobs[i:]])
+            run = _run_notebook(spec.name, path, parameters, folder, kernel_name=kernel_name,
+                                stderr=say if progress else None)
+            say.finish(run)
+            runs.append(run)
+    finally:
+        if before is None:
+            os.environ.pop(PROGRESS_ENV, None)
+        else:
+            os.environ[PROGRESS_ENV] = before
     return ReportsResult(runs=tuple(runs))
+
+
+class _Progress:
+    """The runner's progress lines: which notebook of which report, how long it took last
+    time, roughly how long is left (from the runs recorded in ``index.json``), and the
+    kernels' own progress lines (:mod:`aoizora_lab.progress`) as they come."""
+
+    def __init__(self, total: int, earlier: Mapping[tuple[str, str], float], *,
+                 enabled: bool) -> None:
+        self.total, self.earlier, self.enabled = total, earlier, enabled
+        self.began = time.perf_counter()
+
+    def _line(self, text: str) -> None:
+        if self.enabled:
+            print(text, file=sys.stderr, flush=True)
+
+    def start(self, index: int, report: str, notebook: str,
+              remaining: Sequence[tuple[str, str]]) -> None:
+        """``remaining``: this notebook and those after it."""
+        facts = []
+        if (report, notebook) in self.earlier:
+            facts.append(f"last time {_duration(self.earlier[report, notebook])}")
+        known = [self.earlier[r] for r in remaining if r in self.earlier]
+        if known:
+            unknown = len(remaining) - len(known)
+            facts.append(f"about {_duration(sum(known))} left" if not unknown else
+                         f"over {_duration(sum(known))} left ({unknown} never run here)")
+        self._line(f"[{index + 1}/{self.total}] {report} / {notebook}: running"
+                   + (f" ({'; '.join(facts)})" if facts else ""))
+
+    def finish(self, run: NotebookRun) -> None:
+        self._line(f"    {run.status} in {_duration(run.seconds)} "
+                   f"({_duration(time.perf_counter() - self.began)} so far)"
+                   + (f": {_first_line(run.error)}" if run.error else ""))
+
+    # papermill writes the kernel's stderr here (``stderr_file``): forward progress lines only.
+    def write(self, text: str) -> None:
+        for line in text.splitlines():
+            if line.startswith(PROGRESS_MARKER):
+                self._line("    " + line.removeprefix(PROGRESS_MARKER))
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.1f} min"
+
+
+def _earlier_seconds(out_dir: Path) -> dict[tuple[str, str], float]:
+    """Wall time of each (report, notebook) the last time it ran into ``out_dir``."""
+    try:
+        recorded = json.loads((out_dir / INDEX_RECORD).read_text(encoding="utf-8"))
+        return {(str(e["report"]), str(e["notebook"])): float(e["seconds"]) for e in recorded}
+    except (OSError, ValueError, TypeError, KeyError):
+        return {}
 
 
 def _resolve_notebooks(spec: ReportSpec, notebooks_dir: Path) -> list[Path]:
@@ -397,7 +478,7 @@ def _notebook_css() -> str:
 
 
 def _run_notebook(report: str, source: Path, parameters: dict[str, Any], folder: Path, *,
-                  kernel_name: str | None) -> NotebookRun:
+                  kernel_name: str | None, stderr: Any = None) -> NotebookRun:
     import papermill
     from papermill.exceptions import PapermillExecutionError
 
@@ -413,7 +494,8 @@ def _run_notebook(report: str, source: Path, parameters: dict[str, Any], folder:
     start = time.perf_counter()
     try:
         papermill.execute_notebook(source, executed, parameters=parameters,
-                                   cwd=source.parent, progress_bar=False, **kernel)
+                                   cwd=source.parent, progress_bar=False, stderr_file=stderr,
+                                   **kernel)
     except PapermillExecutionError as err:
         error = f"{err.ename}: {err.evalue}"
     except Exception as err:  # a dead kernel or an unreadable notebook: report it, go on
@@ -521,10 +603,26 @@ def _for_readers(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
                 cells.append(summary)
             continue
         if cell.cell_type == "code":
-            cell.outputs = [o for o in outputs if RECORD_MIMETYPE not in o.get("data", {})]
+            cell.outputs = [_without_progress(o) for o in outputs
+                            if RECORD_MIMETYPE not in o.get("data", {})]
+            cell.outputs = [o for o in cell.outputs if o is not None]
         cells.append(cell)
     nb.cells = cells
     return nb
+
+
+def _without_progress(output: nbformat.NotebookNode) -> nbformat.NotebookNode | None:
+    """A stream output without its progress lines (None when nothing else is left)."""
+    if output.get("output_type") != "stream":
+        return output
+    lines = "".join(output.get("text", "")).splitlines(keepends=True)
+    kept = [line for line in lines if not line.startswith(PROGRESS_MARKER)]
+    if len(kept) == len(lines):
+        return output
+    if not kept:
+        return None
+    output.text = "".join(kept)
+    return output
 
 
 def write_index(result: ReportsResult, out_dir: str | Path) -> Path:

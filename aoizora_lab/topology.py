@@ -35,6 +35,7 @@ wraparound link (0, 0) -> (15, 0)) and then 3 hops the + way along y: 10 hops.
 from __future__ import annotations
 
 import functools
+import hashlib
 import itertools
 import math
 import re
@@ -324,6 +325,13 @@ class Topology:
     def name(self) -> str:
         """``"v5e:4x4"``-style name of the slice."""
         return f"{self.generation}:{'x'.join(map(str, self.shape))}"
+
+    @property
+    def cache_key(self) -> tuple[Any, ...]:
+        """What a result computed on this slice depends on: generation, shape, wrap and every
+        device's position (two simulated slices of one name may differ in wrap)."""
+        return (self.generation, self.shape, self.wrap,
+                hashlib.sha256(self.coords.tobytes()).hexdigest()[:32])
 
     @property
     def ndim(self) -> int:

@@ -3,16 +3,24 @@
 The compile cache (:mod:`aoizora_lab.compile`) and the IR cache
 (:mod:`aoizora_lab.ir_estimate`) live under :func:`cache_root` and put
 :func:`program_versions` into their keys, so an upgrade of jax, jaxlib or libtpu, or an edit of
-the code that builds the program, is a miss, never a stale hit.
+the code that builds the program, is a miss, never a stale hit. :func:`memoized` keeps any
+other deterministic result the same way (a parsed program beside its compile, a placement
+search): a warm plan reads them back instead of recomputing them.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.metadata
 import os
-from collections.abc import Sequence
+import pickle
+import weakref
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import TypeVar
+
+T = TypeVar("T")
 
 CACHE_ENV = "AOIZORA_LAB_CACHE_DIR"
 """Environment variable naming another cache root (a test session, a shared disk)."""
@@ -23,6 +31,21 @@ def cache_root() -> Path:
     to its ``compile/`` folder and IR traces to ``ir/``."""
     chosen = os.environ.get(CACHE_ENV)
     return Path(chosen) if chosen else Path(__file__).resolve().parent.parent / "data" / "cache"
+
+@contextlib.contextmanager
+def cache_root_at(path: str | Path) -> Iterator[Path]:
+    """Every cache (compiles, IR traces, memoized results) under ``path`` while inside, e.g.
+    an empty folder to time a cold run; the previous root is restored on the way out."""
+    before = os.environ.get(CACHE_ENV)
+    os.environ[CACHE_ENV] = str(path)
+    try:
+        yield Path(path)
+    finally:
+        if before is None:
+            os.environ.pop(CACHE_ENV, None)
+        else:
+            os.environ[CACHE_ENV] = before
+
 
 _PROGRAM_SOURCES = ("models/wan.py", "models/attention.py", "models/parallel.py",
                     "workload.py", "candidates.py")
@@ -45,10 +68,61 @@ def program_versions(extra_sources: Sequence[str] = ()) -> dict[str, str]:
     return versions
 
 
-def write_atomically(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file renamed into place (its folder is
+def write_atomically(path: Path, data: str | bytes) -> None:
+    """Write ``data`` to ``path`` through a temporary file renamed into place (its folder is
     created), so a reader, or another process writing the same file, never sees half of it."""
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    partial.write_text(text)
+    if isinstance(data, bytes):
+        partial.write_bytes(data)
+    else:
+        partial.write_text(data)
     partial.replace(path)
+
+
+def digest(data: bytes | str) -> str:
+    """A short content digest, for cache keys."""
+    return hashlib.sha256(data.encode() if isinstance(data, str) else data).hexdigest()[:32]
+
+
+_FINGERPRINTS: dict[int, tuple[weakref.ref, str]] = {}
+
+
+def fingerprint(value: object) -> str:
+    """:func:`digest` of an immutable value's pickle (a compiled program, for cache keys),
+    remembered per object: a program is pickled once however often it is priced."""
+    known = _FINGERPRINTS.get(id(value))
+    if known is not None and known[0]() is value:
+        return known[1]
+    result = digest(pickle.dumps(value))
+    try:
+        _FINGERPRINTS[id(value)] = (weakref.ref(value, lambda _: _FINGERPRINTS.pop(
+            id(value), None)), result)
+    except TypeError:  # no weak references to this type: not remembered
+        pass
+    return result
+
+
+def memoized(kind: str, key: object, compute: Callable[[], T], *,
+             sources: Sequence[str] = ()) -> T:
+    """``compute()``, kept on disk under ``cache_root()/kind`` and read back for the same
+    ``key`` (whose ``repr`` must name every input), package versions and ``sources`` (paths
+    inside the package whose code shapes the result). Only for deterministic results.
+
+    Example: ``memoized("program", (hlo_sha256, depth), parse, sources=["hlo.py"])`` parses a
+    compile's HLO once; an edit of ``hlo.py`` is a miss. A damaged entry is recomputed.
+    """
+    path = cache_root() / kind / f"{digest(repr((key, program_versions(sources))))}.pkl"
+    try:
+        return pickle.loads(path.read_bytes())
+    except OSError:  # not there (or no cache folder to read): compute it
+        pass
+    except Exception:  # damaged, or written by code that no longer unpickles: recompute
+        with contextlib.suppress(OSError):
+            path.unlink(missing_ok=True)
+    value = compute()
+    try:
+        write_atomically(path, pickle.dumps(value))
+    except OSError:  # a read-only or full cache costs the next call time, not this result
+        pass
+    return value

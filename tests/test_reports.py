@@ -21,9 +21,11 @@ from aoizora_lab.cases import parse_case
 from aoizora_lab.cli import main
 from aoizora_lab.errors import AoizoraError
 from aoizora_lab.notebook import RECORD_MIMETYPE, record
+from aoizora_lab.progress import MARKER
 from aoizora_lab.reports import (
     ReportSpec,
     ReportsResult,
+    _for_readers,
     load_matrix,
     read_records,
     run_reports,
@@ -60,19 +62,23 @@ def reports(tmp_path_factory):
 
 # ---- the default matrix and its validation -------------------------------------------------
 
-def test_default_matrix_holds_the_three_documented_reports():
+def test_default_matrix_holds_the_documented_reports():
     specs = load_matrix(REPO / "data" / "reports.yaml")
     assert {spec.name: dict(spec.parameters) for spec in specs} == {
         "wan-1.3b-480p-v5e-2x4": {"case": "wan2.1-t2v-1.3b@832x480x81/v5e:2x4"},
         "wan-14b-720p-v5e-4x4": {"case": "wan2.1-t2v-14b@1280x720x81/v5e:4x4"},
         "wan-14b-480p-v5e-2x4": {"case": "wan2.1-t2v-14b@832x480x81/v5e:2x4"},
+        "wan-1.3b-480p-v5e-8x8": {"case": "wan2.1-t2v-1.3b@832x480x81/v5e:8x8"},
     }
+    # The main job runs the small one; the rest need --all (README).
+    assert [spec.name for spec in select_reports(specs, None)] == ["wan-1.3b-480p-v5e-2x4"]
     cases = {spec.name: parse_case(spec.parameters["case"]) for spec in specs}
     assert {name: (c.workload.model, c.workload.width, c.workload.height, c.workload.frames,
                    c.slice_name) for name, c in cases.items()} == {
         "wan-1.3b-480p-v5e-2x4": ("wan2.1-t2v-1.3b", 832, 480, 81, "v5e:2x4"),
         "wan-14b-720p-v5e-4x4": ("wan2.1-t2v-14b", 1280, 720, 81, "v5e:4x4"),
         "wan-14b-480p-v5e-2x4": ("wan2.1-t2v-14b", 832, 480, 81, "v5e:2x4"),
+        "wan-1.3b-480p-v5e-8x8": ("wan2.1-t2v-1.3b", 832, 480, 81, "v5e:8x8"),
     }
     assert all(c.name == spec.parameters["case"] for c, spec in zip(cases.values(), specs,
                                                                      strict=True))
@@ -126,11 +132,32 @@ def test_parameters_are_made_injectable_or_refused():
 
 
 def test_select_reports_keeps_matrix_order_and_names_unknown_ones():
-    specs = [ReportSpec("a"), ReportSpec("b"), ReportSpec("c")]
-    assert [s.name for s in select_reports(specs, ["c", "a"])] == ["a", "c"]
-    assert select_reports(specs, None) == specs
+    specs = [ReportSpec("a"), ReportSpec("b", default=False), ReportSpec("c")]
+    assert [s.name for s in select_reports(specs, ["c", "b", "a"])] == ["a", "b", "c"]
+    assert [s.name for s in select_reports(specs, None)] == ["a", "c"]  # the main job's
+    assert select_reports(specs, None, everything=True) == specs
     with pytest.raises(AoizoraError, match=r"\['z'\].*\['a', 'b', 'c'\]"):
         select_reports(specs, ["a", "z"])
+
+
+def test_a_matrix_marks_reports_outside_the_main_job(tmp_path):
+    path = tmp_path / "matrix.yaml"
+    path.write_text("reports: [{name: a}, {name: big, default: false}]")
+    assert [spec.default for spec in load_matrix(path)] == [True, False]
+    path.write_text("reports: [{name: big, default: maybe}]")
+    with pytest.raises(AoizoraError, match=r"reports\[0\].*'maybe'.*true or false"):
+        load_matrix(path)
+
+
+def test_progress_lines_are_left_out_of_the_pages():
+    cell = new_code_cell("")
+    cell.outputs = [new_output("stream", name="stderr",
+                               text=f"{MARKER}compile 1 of 2\nwarning: kept\n"),
+                    new_output("stream", name="stderr", text=f"{MARKER}only progress\n")]
+    notebook = new_notebook(cells=[cell])
+    shown = _for_readers(notebook).cells[0].outputs
+    assert [o.text for o in shown] == ["warning: kept\n"]
+    assert len(notebook.cells[0].outputs) == 2  # the executed notebook keeps them
 
 
 def test_undeclared_parameters_and_missing_notebooks_fail_before_anything_runs(tmp_path):
@@ -321,6 +348,25 @@ def test_cli_runs_the_matrix_and_exits_with_the_number_of_failures(tmp_path, mon
     assert (tmp_path / "only" / "fine").is_dir() and not (tmp_path / "only" / "broken").exists()
     assert main(["reports", "--only", "nope"]) == 2
     assert "Unknown report(s) ['nope']" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_the_runner_says_what_runs_forwards_kernel_progress_and_estimates_time_left(
+        tmp_path, capsys):
+    spec = [ReportSpec("r", ("heatmap",), {"rows": 2, "cols": 5})]
+    write_index(run_reports(spec, DATA, tmp_path), tmp_path)
+    first = capsys.readouterr().err
+    assert "[1/1] r / heatmap: running\n" in first  # never run here: nothing to estimate from
+    assert "    heatmap of 10 cells drawn" in first  # the kernel's line, forwarded
+    assert re.search(r"    ok in \d+ s", first)
+    page = (tmp_path / "r" / "heatmap.html").read_text()
+    assert "cells drawn" not in page and MARKER not in page
+    assert "cells drawn" in (tmp_path / "r" / "heatmap.ipynb").read_text()
+    run_reports(spec, DATA, tmp_path)
+    assert re.search(r"\[1/1\] r / heatmap: running \(last time \d+ s; about \d+ s left\)",
+                     capsys.readouterr().err)
+    run_reports(spec, DATA, tmp_path / "quiet", progress=False)
+    assert capsys.readouterr().err == ""
 
 
 # ---- the page in a browser, offline ----------------------------------------------------------

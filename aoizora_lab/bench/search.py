@@ -33,6 +33,7 @@ from aoizora_lab.bench.report import (
 )
 from aoizora_lab.cases import Case
 from aoizora_lab.topology import Topology
+from aoizora_lab.versions import cache_root_at
 from aoizora_lab.workload import Workload
 
 SEARCH_COST_MATRIX: tuple[str, ...] = ("wan2.1-t2v-14b@1280x720x81/v5e:4x4",)
@@ -133,7 +134,9 @@ def search_cost(cases: Iterable[Case | str] = SEARCH_COST_MATRIX, *, num_layers:
     target_rows: list[dict[str, Any]] = []
 
     def measure(workload: Workload, topology: Topology) -> dict[str, Any]:
-        with tempfile.TemporaryDirectory(prefix="aoizora-bench-cache-") as cache:
+        # Memoized searches and prices go there too: a cold run starts from nothing.
+        with (tempfile.TemporaryDirectory(prefix="aoizora-bench-cache-") as cache,
+              cache_root_at(cache)):
             return _search_row(workload, topology, cache, num_layers=num_layers, budget=budget,
                                exhaustive=exhaustive, timeout_s=timeout_s,
                                candidate_frames=candidate_frames, progress=progress)
