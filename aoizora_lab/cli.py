@@ -257,7 +257,8 @@ def build_parser() -> argparse.ArgumentParser:
                           "2,000 placement evaluations")
     ben.add_argument("--out", default="reports/benchmarks.md", help="the report to write")
     ben.add_argument("--only", nargs="+",
-                     choices=["plan-quality", "search-cost", "placement-throughput"],
+                     choices=["plan-quality", "search-cost", "placement-throughput",
+                              "interactive"],
                      help="run only these benchmarks")
     ben.add_argument("--num-layers", type=int, default=None,
                      help="compile depth (default: full, or 2 with --quick)")

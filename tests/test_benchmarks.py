@@ -309,3 +309,21 @@ def test_plan_quality_records_each_case_and_resumes_from_the_records(quality, sl
     other = bench.plan_quality([case], budget=301, records=tmp_path, resume=True)
     assert other.summary.iloc[0]["status"].startswith("error: AssertionError")
     assert len(list(tmp_path.glob("*.json"))) == 1  # a failed case is not recorded
+
+
+@pytest.mark.slow
+def test_interactive_speed_times_the_main_job_cold_then_every_notebook_warm(tmp_path):
+    matrix = tmp_path / "reports.yaml"
+    matrix.write_text("reports:\n"
+                      "  - {name: small, notebooks: [heatmap], parameters: {rows: 3}}\n"
+                      "  - {name: big, notebooks: [heatmap], default: false}\n")
+    before = az.versions.cache_root()
+    table = bench.interactive_speed(matrix, Path(__file__).parent / "data", progress=False)
+    assert az.versions.cache_root() == before  # the empty cache was only for the run
+    assert table[["report", "notebook"]].values.tolist() == [["small", "heatmap"]]
+    assert (table[["cold_s", "warm_s"]] > 0).all().all()
+    assert table[["cold_status", "warm_status"]].values.tolist() == [["ok", "ok"]]
+    text = bench.interactive_markdown(table)
+    assert text.startswith("## Interactive speed") and "| small | heatmap |" in text
+    assert "main job <= 600 s on empty caches" in text and "Every notebook ran." in text
+

@@ -19,6 +19,8 @@ One module per benchmark, each with its matrix, its targets and its section of t
   the IR estimate orders the candidates;
 - :mod:`~aoizora_lab.bench.throughput` — :func:`placement_throughput`: placements scored per
   second on Wan-sized programs;
+- :mod:`~aoizora_lab.bench.interactive` — :func:`interactive_speed`: the main job from empty
+  caches and every notebook re-run with warm ones;
 - :mod:`~aoizora_lab.bench.report` — what they share: a case's row, Markdown tables, the
   report's header (machine, versions, date) and the report file.
 
@@ -33,6 +35,12 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from aoizora_lab.bench.interactive import (
+    MAIN_JOB_TARGET_S,
+    RERUN_TARGET_S,
+    interactive_markdown,
+    interactive_speed,
+)
 from aoizora_lab.bench.quality import (
     DEFAULT_MATRIX,
     FLOPS_SOURCE,
@@ -75,9 +83,11 @@ __all__ = [
     "COMPILE_FRACTION_TARGET",
     "DEFAULT_MATRIX",
     "FLOPS_SOURCE",
+    "MAIN_JOB_TARGET_S",
     "QUICK_LAYERS",
     "QUICK_MATRIX",
     "REGRET_TARGET_PERCENT",
+    "RERUN_TARGET_S",
     "ROOFLINE_TARGET",
     "SEARCH_COST_MATRIX",
     "SPEEDUP_TARGET",
@@ -88,6 +98,8 @@ __all__ = [
     "ReportFile",
     "SearchCost",
     "environment",
+    "interactive_markdown",
+    "interactive_speed",
     "markdown_table",
     "placement_throughput",
     "plan_quality",
@@ -99,7 +111,7 @@ __all__ = [
     "useful_flops",
 ]
 
-BENCHMARKS = ("plan-quality", "search-cost", "placement-throughput")
+BENCHMARKS = ("plan-quality", "search-cost", "placement-throughput", "interactive")
 """The benchmarks :func:`run_all` knows, in the order it runs them."""
 
 
@@ -160,4 +172,8 @@ def run_all(*, quick: bool = False, out: str | Path = "reports/benchmarks.md",
                                      THROUGHPUT_CASES[:1] if quick else THROUGHPUT_CASES,
                                      cache_dir=cache_dir)
         report.add(throughput_markdown(table, evaluations))
+    if "interactive" in chosen:
+        if progress:
+            progress("interactive speed: the main job on empty caches, then warm")
+        report.add(interactive_markdown(interactive_speed(progress=progress is not None)))
     return report.path
