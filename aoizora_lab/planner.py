@@ -45,6 +45,7 @@ from aoizora_lab.errors import AoizoraError, is_whole
 from aoizora_lab.hlo import CommProgram
 from aoizora_lab.ir_estimate import IRCacheDir
 from aoizora_lab.placement import TOP_PLACEMENTS, Ranking, rank_placements
+from aoizora_lab.progress import Ticker
 from aoizora_lab.progress import note as progress_note
 from aoizora_lab.prune import Pruning, prune
 from aoizora_lab.realize import Plan
@@ -209,9 +210,15 @@ def plan(workload: Workload, topology: Topology, *, keep: int = 3, budget: int =
                                        {r.key: r for r in compiled}, compile, compare=compare)
     programs = [*compiled.ok, *(r for r in added if r.status == "ok")]
     stage("baselines", f"searching placements of {len(programs)} compiled programs")
-    ranking = Ranking(entry for r in programs for entry in rank_placements(
-        r.program, r.candidate, topology, budget=budget, top=top_placements,
-        flags=r.flags)).ranked()
+    ticker = Ticker()
+
+    def placed(index: int, compiled: Any) -> Ranking:
+        ticker.note(f"plan {workload.name} on {topology.name}: placed {index} of "
+                    f"{len(programs)} programs")
+        return rank_placements(compiled.program, compiled.candidate, topology, budget=budget,
+                               top=top_placements, flags=compiled.flags)
+
+    ranking = Ranking(entry for i, r in enumerate(programs) for entry in placed(i, r)).ranked()
     by_key = {r.key: r for r in programs}
     top = ranking[0]
     program = by_key[(top.candidate.name, top.flags.label)].program

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 
 PROGRESS_ENV = "AOIZORA_LAB_PROGRESS"
 """``1``: progress lines on; ``0``: off; unset: on only inside a Jupyter kernel."""
@@ -34,3 +35,19 @@ def note(message: str) -> None:
     """One progress line to ``stderr`` when :func:`enabled`."""
     if enabled():
         print(MARKER + message, file=sys.stderr, flush=True)
+
+
+class Ticker:
+    """Progress of a loop, at most one :func:`note` every ``seconds`` (a warm loop that ends
+    in a second says nothing; a cold one says how far it is)."""
+
+    def __init__(self, seconds: float = 5.0) -> None:
+        self.seconds = seconds
+        self.last = time.monotonic()
+
+    def note(self, message: str) -> None:
+        """:func:`note` ``message`` if ``seconds`` have passed since the last one."""
+        now = time.monotonic()
+        if now - self.last >= self.seconds:
+            self.last = now
+            note(message)

@@ -37,6 +37,7 @@ from aoizora_lab.candidates import Candidate
 from aoizora_lab.errors import AoizoraError
 from aoizora_lab.hardware import device_spec
 from aoizora_lab.ir_estimate import IRCacheDir, IREstimate, estimate_ir
+from aoizora_lab.progress import Ticker
 from aoizora_lab.records import Records
 from aoizora_lab.topology import Topology
 from aoizora_lab.workload import Workload
@@ -51,7 +52,10 @@ def estimate_candidates(candidates: Sequence[Candidate], workload: Workload,
     """IR estimate per candidate name, or the error text where tracing failed (traces cached
     under ``ir_cache_dir``, see :func:`estimate_ir`)."""
     results: dict[str, IREstimate | str] = {}
-    for candidate in candidates:
+    ticker = Ticker()
+    for done, candidate in enumerate(candidates):
+        ticker.note(f"IR traces ({workload.name} on {topology.name}): {done} of "
+                    f"{len(candidates)} candidates")
         try:
             results[candidate.name] = estimate_ir(candidate, workload, topology, dtype=dtype,
                                                   cache_dir=ir_cache_dir)

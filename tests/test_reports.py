@@ -8,6 +8,7 @@ import dataclasses
 import re
 import shutil
 import struct
+import sys
 from importlib import resources
 from pathlib import Path
 
@@ -21,7 +22,7 @@ from aoizora_lab.cases import parse_case
 from aoizora_lab.cli import main
 from aoizora_lab.errors import AoizoraError
 from aoizora_lab.notebook import RECORD_MIMETYPE, record
-from aoizora_lab.progress import MARKER
+from aoizora_lab.progress import MARKER, PROGRESS_ENV, Ticker, note
 from aoizora_lab.reports import (
     ReportSpec,
     ReportsResult,
@@ -147,6 +148,22 @@ def test_a_matrix_marks_reports_outside_the_main_job(tmp_path):
     path.write_text("reports: [{name: big, default: maybe}]")
     with pytest.raises(AoizoraError, match=r"reports\[0\].*'maybe'.*true or false"):
         load_matrix(path)
+
+
+def test_progress_lines_follow_their_setting_and_a_ticker_spaces_them(monkeypatch, capsys):
+    monkeypatch.delitem(sys.modules, "ipykernel", raising=False)  # not inside a kernel
+    for setting, shown in ((None, ""), ("0", ""), ("1", f"{MARKER}compiling\n")):
+        if setting is None:
+            monkeypatch.delenv(PROGRESS_ENV, raising=False)
+        else:
+            monkeypatch.setenv(PROGRESS_ENV, setting)
+        note("compiling")
+        assert capsys.readouterr().err == shown, setting
+    for seconds, lines in ((0.0, 3), (3600.0, 0)):
+        ticker = Ticker(seconds)
+        for i in range(3):
+            ticker.note(f"step {i}")
+        assert capsys.readouterr().err.count(MARKER) == lines
 
 
 def test_progress_lines_are_left_out_of_the_pages():
