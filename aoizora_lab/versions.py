@@ -32,6 +32,7 @@ def cache_root() -> Path:
     chosen = os.environ.get(CACHE_ENV)
     return Path(chosen) if chosen else Path(__file__).resolve().parent.parent / "data" / "cache"
 
+
 @contextlib.contextmanager
 def cache_root_at(path: str | Path) -> Iterator[Path]:
     """Every cache (compiles, IR traces, memoized results) under ``path`` while inside, e.g.
