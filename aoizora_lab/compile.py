@@ -384,7 +384,7 @@ def _job(candidate: Candidate, workload: Workload, topology: Topology,
 
 def cache_key(job: dict[str, Any]) -> str:
     """The cache folder name of a compile job: a hash of everything that changes its result."""
-    return hashlib.sha256(json.dumps(job, sort_keys=True).encode()).hexdigest()[:32]
+    return digest(json.dumps(job, sort_keys=True))
 
 
 def run_job(job: dict[str, Any], cache_dir: str, timeout_s: float) -> dict[str, Any]:

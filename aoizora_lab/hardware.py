@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from aoizora_lab.errors import AoizoraError
+from aoizora_lab.versions import write_atomically
 
 GiB = 2**30
 
@@ -306,11 +307,8 @@ def save_calibration(generation: str, overrides: dict[str, float],
     overrides = {**(load_calibration(generation, folder).get("overrides", {})
                     if path.exists() else {}), **overrides}
     _DEFAULTS[generation].replace(**overrides)
-    folder.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(path.name + ".partial")
-    partial.write_text(json.dumps({**info, "generation": generation,
-                                   "overrides": dict(overrides)}, indent=1))
-    partial.replace(path)
+    write_atomically(path, json.dumps({**info, "generation": generation,
+                                       "overrides": dict(overrides)}, indent=1))
     return path
 
 

@@ -23,12 +23,10 @@ afresh for the slice asked for.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-import hashlib
 import json
 import math
-import os
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,7 +43,13 @@ from aoizora_lab.hardware import device_spec
 from aoizora_lab.ir import IRCollective, IRCounts, count_jaxpr, spec_of
 from aoizora_lab.models.wan import abstract_params
 from aoizora_lab.topology import Topology
-from aoizora_lab.versions import cache_root, digest, memoized, program_versions
+from aoizora_lab.versions import (
+    cache_root,
+    digest,
+    memoized,
+    program_versions,
+    write_atomically,
+)
 from aoizora_lab.workload import Workload, denoise_step
 
 ASYNC_KINDS = ("all-gather", "collective-permute")
@@ -109,7 +113,7 @@ def estimate_ir(candidate: Candidate, workload: Workload, topology: Topology, *,
                "workload": {k: v for k, v in dataclasses.asdict(workload).items()
                             if k != "model"},
                "versions": program_versions(_TRACE_SOURCES)}
-        key = hashlib.sha256(json.dumps(job, sort_keys=True).encode()).hexdigest()[:32]
+        key = digest(json.dumps(job, sort_keys=True))
         entry = Path(cache_dir or cache_root() / "ir") / f"{key}.json"
         cached = _read_counts(entry)
         if cached is not None:
@@ -139,17 +143,8 @@ def _write_counts(entry: Path, counts: IRCounts, trace_seconds: float) -> None:
     a cache that cannot be written (full disk, read-only folder) costs a retrace next time,
     never the estimate."""
     payload = {**dataclasses.asdict(counts), "trace_seconds": trace_seconds}
-    temporary = None
-    try:
-        entry.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile("w", dir=entry.parent, suffix=".tmp",
-                                         delete=False) as handle:
-            temporary = Path(handle.name)
-            json.dump(payload, handle)
-        os.replace(temporary, entry)
-    except OSError:
-        if temporary is not None:
-            temporary.unlink(missing_ok=True)
+    with contextlib.suppress(OSError):
+        write_atomically(entry, json.dumps(payload))
 
 
 def _read_counts(entry: Path) -> tuple[IRCounts, float] | None:

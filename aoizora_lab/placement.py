@@ -1025,7 +1025,7 @@ def rank_placements(program: CommProgram, candidate: Candidate, topology: Topolo
 
     # Deterministic (seeded search), so a warm plan reads it back: ~2 s per 14B program.
     return memoized("placement", (fingerprint(program), candidate, topology.cache_key,
-                                  repr(device_spec(topology)), budget, top, flags),
+                                  device_spec(topology), budget, top, flags),
                     search, sources=RANKING_SOURCES)
 
 

@@ -53,6 +53,7 @@ from aoizora_lab.errors import AoizoraError
 from aoizora_lab.notebook import RECORD_MIMETYPE, check_library_parameters
 from aoizora_lab.progress import MARKER as PROGRESS_MARKER
 from aoizora_lab.progress import PROGRESS_ENV
+from aoizora_lab.versions import environment_variable
 
 if TYPE_CHECKING:
     import nbformat
@@ -345,9 +346,7 @@ def run_reports(specs: Sequence[ReportSpec], notebooks_dir: str | Path, out_dir:
     runs: list[NotebookRun] = []
     # The kernels inherit this setting: their compiles and plan stages write progress lines,
     # which the runner forwards to this terminal and leaves out of the pages.
-    before = os.environ.get(PROGRESS_ENV)
-    os.environ[PROGRESS_ENV] = "1" if progress else "0"
-    try:
+    with environment_variable(PROGRESS_ENV, "1" if progress else "0"):
         for i, (spec, path, names) in enumerate(jobs):
             folder = out_dir / spec.name
             folder.mkdir(parents=True, exist_ok=True)
@@ -357,11 +356,6 @@ def run_reports(specs: Sequence[ReportSpec], notebooks_dir: str | Path, out_dir:
                                 stderr=say if progress else None)
             say.finish(run)
             runs.append(run)
-    finally:
-        if before is None:
-            os.environ.pop(PROGRESS_ENV, None)
-        else:
-            os.environ[PROGRESS_ENV] = before
     return ReportsResult(runs=tuple(runs))
 
 
@@ -415,9 +409,9 @@ def _duration(seconds: float) -> str:
 def _earlier_seconds(out_dir: Path) -> dict[tuple[str, str], float]:
     """Wall time of each (report, notebook) the last time it ran into ``out_dir``."""
     try:
-        recorded = json.loads((out_dir / INDEX_RECORD).read_text(encoding="utf-8"))
-        return {(str(e["report"]), str(e["notebook"])): float(e["seconds"]) for e in recorded}
-    except (OSError, ValueError, TypeError, KeyError):
+        return {(str(e["report"]), str(e["notebook"])): float(e["seconds"])
+                for e in _recorded(out_dir)}
+    except (ValueError, TypeError, KeyError):
         return {}
 
 
@@ -673,17 +667,23 @@ INDEX_RECORD = "index.json"
 rows of the others."""
 
 
-def _with_earlier_runs(runs: Sequence[NotebookRun], out_dir: Path) -> list[NotebookRun]:
-    """``runs`` with the recorded runs of the reports they do not cover (whose pages are
-    still there), in the earlier order, new reports last."""
+def _recorded(out_dir: Path) -> list[Any]:
+    """The entries of ``out_dir``'s :data:`INDEX_RECORD` (none when it is missing or not a
+    JSON list)."""
     try:
         recorded = json.loads((out_dir / INDEX_RECORD).read_text(encoding="utf-8"))
     except (OSError, ValueError):
-        recorded = []
+        return []
+    return recorded if isinstance(recorded, list) else []
+
+
+def _with_earlier_runs(runs: Sequence[NotebookRun], out_dir: Path) -> list[NotebookRun]:
+    """``runs`` with the recorded runs of the reports they do not cover (whose pages are
+    still there), in the earlier order, new reports last."""
     fresh = {run.report for run in runs}
     merged: list[NotebookRun] = []
     placed: set[str] = set()
-    for entry in recorded if isinstance(recorded, list) else []:
+    for entry in _recorded(out_dir):
         try:
             report = entry["report"]
             if report in fresh:

@@ -34,18 +34,26 @@ def cache_root() -> Path:
 
 
 @contextlib.contextmanager
+def environment_variable(name: str, value: str) -> Iterator[None]:
+    """``$name`` set to ``value`` while inside (child processes inherit it), then restored
+    (or removed where it was not set)."""
+    before = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = before
+
+
+@contextlib.contextmanager
 def cache_root_at(path: str | Path) -> Iterator[Path]:
     """Every cache (compiles, IR traces, memoized results) under ``path`` while inside, e.g.
     an empty folder to time a cold run; the previous root is restored on the way out."""
-    before = os.environ.get(CACHE_ENV)
-    os.environ[CACHE_ENV] = str(path)
-    try:
+    with environment_variable(CACHE_ENV, str(path)):
         yield Path(path)
-    finally:
-        if before is None:
-            os.environ.pop(CACHE_ENV, None)
-        else:
-            os.environ[CACHE_ENV] = before
 
 
 _PROGRAM_SOURCES = ("models/wan.py", "models/attention.py", "models/parallel.py",
@@ -74,11 +82,15 @@ def write_atomically(path: Path, data: str | bytes) -> None:
     created), so a reader, or another process writing the same file, never sees half of it."""
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    if isinstance(data, bytes):
-        partial.write_bytes(data)
-    else:
-        partial.write_text(data)
-    partial.replace(path)
+    try:
+        if isinstance(data, bytes):
+            partial.write_bytes(data)
+        else:
+            partial.write_text(data)
+        partial.replace(path)
+    except BaseException:  # a full disk or an interrupt leaves no temporary file behind
+        partial.unlink(missing_ok=True)
+        raise
 
 
 def digest(data: bytes | str) -> str:
