@@ -136,10 +136,11 @@ class Candidate:
                                          fsdp_over_cfg=over_cfg)
         except AoizoraError as err:
             raise AoizoraError(f"Candidate name {name!r}: {err}") from None
-        if candidate.name != str(name).strip().lower():
+        if not over_cfg and candidate.fsdp_over_cfg:  # the type drops fsdpseq without cfg
             raise AoizoraError(
                 f"Candidate name {name!r}: '-fsdpseq' (weights not sharded over cfg) needs a cfg "
-                f"axis; without one, write {candidate.name!r}.")
+                f"axis of degree 2 or more, e.g. 'cfg2-ring4-fsdpseq'; without one, write "
+                f"{candidate.name!r}.")
         return candidate
 
     @property

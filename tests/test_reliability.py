@@ -210,7 +210,7 @@ def test_any_candidate_name_is_a_candidate_or_names_itself(name):
     except AoizoraError as err:
         assert f"Candidate name {name!r}" in str(err)
         assert any(f in str(err) for f in ("e.g. 'cfg2-uly4-ring2-fsdp'", "at least 1",
-                                            "besides tp")), str(err)
+                                            "besides tp", "needs a cfg axis")), str(err)
     else:  # what it parsed is what it prints (degree-1 roles dropped)
         assert Candidate.from_name(candidate.name) == candidate
 
