@@ -54,6 +54,7 @@ import numpy as np
 from aoizora_lab.candidates import Candidate
 from aoizora_lab.comm_model import (
     Collective,
+    Flows,
     ModelOptions,
     all_gather_phases,
     direct_flows,
@@ -343,6 +344,10 @@ each group's longest hop count ``[B, groups]``, and for gathers and reductions e
 row in the phase tables ``[B, groups]`` (-1: irregular; ``None`` for other kinds)."""
 
 
+Signed = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+"""Flows ``(src, dst, bytes, row)``: the change of a batch's link loads, added per row."""
+
+
 class PlacementScorer:
     """Predicted exposed communication seconds of one program under many placements (see
     module)."""
@@ -404,6 +409,14 @@ class PlacementScorer:
         ).astype(np.uint64)
         chips = np.arange(topology.num_chips)
         self._distances = topology.chip_distances(chips, chips)
+        # Hops of each per-axis offset, laid out as a circular correlation of grids padded to
+        # twice each axis lays them out (index k: offset k, or k - 2n past n).
+        offsets = np.indices([2 * n for n in topology.shape]).reshape(topology.ndim, -1).T
+        offsets = np.where(offsets < topology.shape, offsets, offsets - 2 * np.array(
+            topology.shape))
+        self._offset_hops = np.where(
+            (np.abs(offsets) < topology.shape).all(axis=1),
+            topology.offset_hops(offsets), 0).reshape([2 * n for n in topology.shape])
         self._chip_of = topology.device_chip
         # Regular chip sets seen so far: key -> row of the phase tables (-1: irregular), and
         # their unit phase loads, one pass and two (an all-reduce), each aligned at phase 0.
@@ -467,29 +480,51 @@ class PlacementScorer:
                          dtype=np.int64)
         bases = orders[np.unique(which, return_index=True)[1]]  # base m: first row m
         base_terms = self._base_terms(bases)
-        terms = []
+        parts, flows, routes = [], [], []  # routes: whether the structure has moved flows
         for index, (kind, groups) in enumerate(self.structures):
-            touched = self._touched_groups(index, first, second)  # [K, T], -1: none
+            base_loads, base_hops, base_picks = base_terms[index]
+            picks = None if base_picks is None else base_picks[which]
+            touched, both = self._touched_groups(index, first, second)  # [K, T], -1: none
             unused = touched < 0
             slots = np.where(unused, 0, touched)
+            # A group holding both swapped positions keeps its chip set, so its longest hop
+            # and, laid out regularly, its phases: only its members' order can matter.
+            if picks is not None:
+                unused |= both & (picks[rows[:, None], slots] >= 0)
+            routes.append(not unused.all())
+            if not routes[-1]:
+                parts.append((base_loads[which], base_hops[which], picks))
+                continue
             old = self._chip_of[orders[rows[:, None, None], groups[slots]]]  # [K, T, S]
             new = self._chip_of[trials[rows[:, None, None], groups[slots]]]
             new = np.where(unused[..., None], old, new)  # unused slots cancel out
-            base_loads, base_hops, base_picks = base_terms[index]
             row, slot = np.nonzero(~unused)  # each touched group once per row
-            picks = None
-            if base_picks is not None:
-                picks = base_picks[which]
-                old_picks = picks[rows[:, None], slots]
-                delta, new_picks = self._unit_phase_delta(kind, old, new, old_picks)
+            table, moved, new_picks = self._unit_phase_delta(
+                kind, old, new, None if picks is None else picks[rows[:, None], slots])
+            if picks is not None:
                 picks[row, touched[row, slot]] = new_picks[row, slot]
-            else:
-                delta, _ = self._unit_phase_delta(kind, old, new, None)
-            phases = max(base_loads.shape[1], delta.shape[1])
+            flows.append((*moved[:3], moved[3] + len(flows) * len(orders)))
+            phases = base_loads.shape[1] if table is None else max(base_loads.shape[1],
+                                                                     table.shape[1])
             loads = _pad_phases(base_loads, phases)[which]
-            loads += _pad_phases(delta, phases)
+            if table is not None:
+                loads += _pad_phases(table, phases)
             hops = base_hops[which]
-            hops[row, touched[row, slot]] = self._group_hops(new)[row, slot]
+            moved_set = ~both[row, slot]
+            row, slot = row[moved_set], slot[moved_set]
+            hops[row, touched[row, slot]] = self._moved_hops(
+                old[row, slot], new[row, slot], hops[row, touched[row, slot]])
+            parts.append((loads, hops, picks))
+        # The moved flows of every structure routed in one call, a block of rows each.
+        routed = self._link_loads(
+            tuple(np.concatenate([f[i] for f in flows]) for i in range(3)),
+            np.concatenate([f[3] for f in flows]), len(flows) * len(orders)
+        ).reshape(len(flows), len(orders), self._num_links) if flows else ()
+        terms, block = [], iter(routed)
+        for (kind, _), (loads, hops, picks), changed in zip(self.structures, parts, routes,
+                                                             strict=True):
+            if changed:
+                loads[:, :2 if kind == "all-reduce" else 1] += next(block)[:, None, :]
             terms.append((loads, hops, picks))
         self._known = {b.tobytes(): self._known[b.tobytes()] for b in bases}
         # The swaps' terms stay in one piece; a swap that becomes a base is cut out then.
@@ -588,31 +623,72 @@ class PlacementScorer:
         return terms
 
     def _touched_groups(self, index: int, first: np.ndarray, second: np.ndarray
-                        ) -> np.ndarray:
+                        ) -> tuple[np.ndarray, np.ndarray]:
         """Groups of structure ``index`` holding position ``first[k]`` or ``second[k]``,
-        each once per row ``[K, T]`` (-1 pads)."""
+        each once per row ``[K, T]`` (-1 pads), and which of them hold both."""
         holding = self._groups_holding[index]
         a, b = holding[first], holding[second]
-        b = np.where((b[:, :, None] == a[:, None, :]).any(axis=2), -1, b)
-        return np.concatenate([a, b], axis=1)
+        shared = (b[:, :, None] == a[:, None, :]) & (a[:, None, :] >= 0)  # [K, Tb, Ta]
+        b = np.where(shared.any(axis=2), -1, b)
+        both = np.concatenate([shared.any(axis=1), np.zeros(b.shape, dtype=bool)], axis=1)
+        return np.concatenate([a, b], axis=1), both
 
     def _group_hops(self, chips: np.ndarray) -> np.ndarray:
         """Longest chip-to-chip distance within each group ``[B, G]`` of ``chips``
         ``[B, G, S]``."""
         members = chips.shape[-1]
         if members <= 8:  # at most 64 lookups a group: cheaper than finding the set
-            distances = self._distances[chips[..., :, None], chips[..., None, :]]
-            return distances.reshape(*chips.shape[:2], -1).max(axis=2)
+            return _longest(self._distances, chips)
         # Large groups: the longest distance depends only on the chip set (one per key).
         keys = self._chip_key[chips].sum(axis=2)
         distinct, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
-        flat = chips.reshape(-1, members)
         hops = np.array([self._set_hops.get(key, -1) for key in distinct.tolist()])
-        for index in np.nonzero(hops < 0)[0]:
-            group = flat[first[index]]
-            hops[index] = self._set_hops[int(distinct[index])] = int(
-                self._distances[group[:, None], group[None, :]].max())
+        new = np.nonzero(hops < 0)[0]
+        if len(new):
+            sets = chips.reshape(-1, members)[first[new]]
+            hops[new] = (_longest(self._distances, sets) if members ** 2 <= self._offset_hops.size
+                         else self._longest_by_offsets(sets))
+            self._set_hops.update(zip(distinct[new].tolist(), hops[new].tolist(), strict=True))
         return hops[inverse.ravel()].reshape(chips.shape[:2])
+
+    def _longest_by_offsets(self, sets: np.ndarray) -> np.ndarray:
+        """:func:`_longest` of large chip sets ``[M, S]`` from each set's autocorrelation.
+
+        Distance depends only on the per-axis coordinate offset, so a set's longest distance
+        is the longest of the offsets at which it meets a shifted copy of itself: one FFT of
+        its occupancy grid (zero-padded to twice each axis, so offsets do not alias) instead
+        of ``S^2`` lookups. Example: a 128-chip group on ``v5e:16x16``, 1,024 cells against
+        16,384 pairs.
+        """
+        shape = self._offset_hops.shape
+        grid = np.zeros((len(sets), *shape))
+        coords = self.topology.chip_coords[sets]  # [M, S, ndim]
+        grid[(np.arange(len(sets))[:, None], *np.moveaxis(coords, 2, 0))] = 1.0
+        axes = tuple(range(1, grid.ndim))
+        spectrum = np.fft.rfftn(grid, axes=axes)
+        meets = np.fft.irfftn(spectrum * spectrum.conj(), s=shape, axes=axes) > 0.5
+        return np.where(meets, self._offset_hops, 0).reshape(len(sets), -1).max(axis=1)
+
+    def _moved_hops(self, old: np.ndarray, new: np.ndarray, old_hops: np.ndarray
+                    ) -> np.ndarray:
+        """Longest distance within each group ``new`` ``[M, S]``: ``old`` with at most one
+        member's chip changed (``old_hops``: its longest distance).
+
+        When the chip that leaves is in no longest pair of ``old`` (it is nearer than that
+        to every other member), the others keep that pair, and only the distances to the
+        chip that comes in are new: ``2 S`` lookups instead of finding the set's longest.
+        """
+        moved = old != new
+        member = moved.argmax(axis=1)
+        entry = np.arange(len(old))
+        leaving, coming = old[entry, member], new[entry, member]
+        kept = self._distances[leaving[:, None], old].max(axis=1) < old_hops
+        to_coming = self._distances[coming[:, None], new].max(axis=1)
+        hops = np.where(moved.any(axis=1), np.maximum(old_hops, to_coming), old_hops)
+        again = np.nonzero(moved.any(axis=1) & ~kept)[0]
+        if len(again):
+            hops[again] = self._group_hops(new[again][:, None, :])[:, 0]
+        return hops
 
     def _price(self, terms: list[Terms]) -> np.ndarray:
         """Exposed seconds of each order from its per-structure :meth:`_terms`."""
@@ -635,9 +711,13 @@ class PlacementScorer:
         exposed = np.where(self._single_async[:, None],
                            np.maximum(window, single) - window, single)
         totals = self._single_runs @ exposed
+        over_phases: dict[int, np.ndarray] = {}  # a structure's loads, phases summed
         for group in self._multi_groups:
             member_s = alone[list(group.members)]
-            summed = sum(terms[of[i]][0].sum(axis=1) * self._bytes[i] for i in group.members)
+            for i in group.members:
+                if of[i] not in over_phases:
+                    over_phases[of[i]] = terms[of[i]][0].sum(axis=1)
+            summed = sum(over_phases[of[i]] * self._bytes[i] for i in group.members)
             joint = summed.max(axis=1, initial=0.0) * per_byte + latency[
                 of[list(group.members)]].max(axis=0)
             totals += group_exposed(group, member_s, joint) * group.runs
@@ -693,10 +773,13 @@ class PlacementScorer:
 
     def _unit_phase_delta(self, kind: str, old: np.ndarray, new: np.ndarray,
                           old_picks: np.ndarray | None
-                          ) -> tuple[np.ndarray, np.ndarray | None]:
+                          ) -> tuple[np.ndarray | None, Signed, np.ndarray | None]:
         """:meth:`_unit_phase_loads` of ``new`` minus that of ``old`` (``[B, G, S]`` chips,
-        the same groups before and after a swap; ``old_picks``: their table rows), routing
-        only the flows that differ; and the table rows of ``new``.
+        the same groups before and after a swap; ``old_picks``: their table rows), in two
+        parts: the change of the tables' regular phases (``[B, phases, links]``, ``None``
+        for kinds without tables) and the flows that differ, signed (added before the
+        caller routes them, to its first phase, or two for an all-reduce); and the table
+        rows of ``new``.
 
         Flows come out of ``direct_flows`` and ``ring_flows`` in the same layout for both,
         so a flow between the same chips at the same index cancels and is left out: a swap
@@ -707,13 +790,11 @@ class PlacementScorer:
             before, after = direct_flows(kind, old, 1.0), direct_flows(kind, new, 1.0)
             rows = np.repeat(np.arange(batch), len(before[0]) // batch)
             differ = (before[0] != after[0]) | (before[1] != after[1])
-            return (self._signed_loads(before, after, differ, differ, rows, batch)[:, None, :],
-                    None)
-        repeats = 2 if kind == "all-reduce" else 1
+            return None, _signed(before, after, differ, differ, rows), None
         shard = gathered_shard(kind, 1.0, members)
         picks = [old_picks,
                  self._set_table_rows(new.reshape(-1, members)).reshape(batch, num_groups)]
-        table = self._tables[repeats - 1]
+        table = self._tables[1 if kind == "all-reduce" else 0]
         rows_of = [np.where(p < 0, self._table_rows, p) for p in picks]
         loads = np.zeros((batch, table.shape[1], table.shape[2]))
         for group in range(num_groups):
@@ -723,32 +804,20 @@ class PlacementScorer:
                                  - table[rows_of[0][moved, group]])
         loads *= shard
         irregular = [p.ravel() < 0 for p in picks]
-        if irregular[0].any() or irregular[1].any():
-            before = ring_flows(old.reshape(-1, members), shard)
-            after = ring_flows(new.reshape(-1, members), shard)
-            ring_old, ring_new = (np.repeat(i, 2 * members) for i in irregular)
-            differ = (before[0] != after[0]) | (before[1] != after[1]) | (ring_old != ring_new)
-            rows = np.repeat(np.arange(batch), num_groups * 2 * members)
-            ring = self._signed_loads(before, after, ring_old & differ, ring_new & differ,
-                                      rows, batch)
-            loads[:, :repeats] += ring[:, None, :]
-        return loads, picks[1]
-
-    def _signed_loads(self, before: tuple[np.ndarray, np.ndarray, np.ndarray],
-                      after: tuple[np.ndarray, np.ndarray, np.ndarray],
-                      drop: np.ndarray, add: np.ndarray, rows: np.ndarray,
-                      num_rows: int) -> np.ndarray:
-        """Link loads of the ``add`` flows of ``after`` minus the ``drop`` flows of
-        ``before`` (``rows``: each flow's row)."""
-        flows = tuple(np.concatenate([b[drop], a[add]]) for b, a in zip(before, after,
-                                                                         strict=True))
-        sign = np.concatenate([-np.ones(int(drop.sum())), np.ones(int(add.sum()))])
-        return self._link_loads((flows[0], flows[1], flows[2] * sign),
-                                np.concatenate([rows[drop], rows[add]]), num_rows)
+        before = ring_flows(old.reshape(-1, members), shard)
+        after = ring_flows(new.reshape(-1, members), shard)
+        ring_old, ring_new = (np.repeat(i, 2 * members) for i in irregular)
+        differ = (before[0] != after[0]) | (before[1] != after[1]) | (ring_old != ring_new)
+        rows = np.repeat(np.arange(batch), num_groups * 2 * members)
+        return loads, _signed(before, after, ring_old & differ, ring_new & differ, rows), picks[1]
 
     def _set_table_rows(self, groups: np.ndarray) -> np.ndarray:
         """Each group's row in the phase tables (``groups`` ``[N, members]`` of chips), -1
         for an irregular chip set; a set seen for the first time is worked out once."""
+        if groups.shape[1] == 2:
+            # A pair's ring in member order is the same four flows as its regular layout (and
+            # its intra-chip phase): no table needed, and pairs are the most numerous sets.
+            return np.full(len(groups), -1, dtype=np.int64)
         keys = self._chip_key[groups].sum(axis=1)  # wraps: a hash of the multiset
         distinct, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
         rows = np.full(len(distinct), -1, dtype=np.int64)
@@ -788,6 +857,21 @@ class PlacementScorer:
         self._tables = (single, double)
         self._table_rows = row + 1
         return row
+
+
+def _signed(before: Flows, after: Flows, drop: np.ndarray, add: np.ndarray, rows: np.ndarray
+            ) -> Signed:
+    """The ``add`` flows of ``after`` and the ``drop`` flows of ``before``, negated, with
+    each one's row (``rows``: per flow of either)."""
+    flows = tuple(np.concatenate([b[drop], a[add]]) for b, a in zip(before, after, strict=True))
+    return (flows[0], flows[1], np.concatenate([-before[2][drop], after[2][add]]),
+            np.concatenate([rows[drop], rows[add]]))
+
+
+def _longest(distances: np.ndarray, chips: np.ndarray) -> np.ndarray:
+    """The largest of ``distances`` between any two of each group's ``chips`` (``[..., S]``)."""
+    pairs = distances[chips[..., :, None], chips[..., None, :]]
+    return pairs.reshape(*chips.shape[:-1], -1).max(axis=-1)
 
 
 def _row_terms(terms: list[Terms], k: int) -> list[Terms]:

@@ -452,9 +452,15 @@ class Topology:
         """Shortest hop counts ``[len(a), len(b)]`` between row-major chip indices."""
         a = self.chip_coords[np.asarray(chips_a, dtype=np.int64)]
         b = self.chip_coords[np.asarray(chips_b, dtype=np.int64)]
-        total = np.zeros((len(a), len(b)), dtype=np.int64)
+        return self.offset_hops(b[None, :, :] - a[:, None, :])
+
+    def offset_hops(self, offsets: np.ndarray) -> np.ndarray:
+        """Shortest hop counts of coordinate offsets ``[..., ndim]`` (target minus source):
+        a distance depends on nothing else."""
+        offsets = np.asarray(offsets, dtype=np.int64)
+        total = np.zeros(offsets.shape[:-1], dtype=np.int64)
         for axis in range(self.ndim):
-            delta = b[None, :, axis] - a[:, None, axis]
+            delta = offsets[..., axis]
             plus, minus = self._axis_moves(delta, axis)
             total += np.where(delta == 0, 0, np.minimum(plus, minus))
         return total

@@ -97,6 +97,32 @@ def test_swap_scores_are_the_scores_of_the_swapped_orders(shape, wrap, per_chip)
     assert scorer.evaluations == 300 + 300 + 5
 
 
+@pytest.mark.parametrize(("shape", "wrap"), [((16, 16), (True, True)), ((8, 8), None),
+                                           ((4, 4, 4), (True, False, True)), ((2, 8), None)])
+def test_longest_distance_of_a_group_by_offsets_is_the_longest_pair(shape, wrap):
+    """The scorer finds large groups' longest hop from their autocorrelation and a swapped
+    group's from the moved chips: both must be the longest distance of any two members."""
+    topology = az.Topology.simulated(shape, generation="v5p" if len(shape) == 3 else "v5e",
+                                     wrap=wrap)
+    scorer = PlacementScorer([], topology)
+    rng = np.random.default_rng(5)
+    n = topology.num_chips
+    for size in (2, 5, n // 2, n):
+        sets = np.array([rng.choice(n, size, replace=False) for _ in range(20)])
+        pairs = topology.chip_distances(sets.ravel(), sets.ravel()).reshape(
+            20, size, 20, size)
+        longest = pairs[np.arange(20), :, np.arange(20), :].reshape(20, -1).max(axis=1)
+        np.testing.assert_array_equal(scorer._longest_by_offsets(sets), longest)
+        # One member moved to a chip outside the set: from the old longest and the moves.
+        moved = sets.copy()
+        outside = [np.setdiff1d(np.arange(n), row) for row in sets]
+        for row, free in enumerate(outside):
+            if len(free):
+                moved[row, rng.integers(size)] = rng.choice(free)
+        expected = [topology.chip_distances(row, row).max() for row in moved]
+        np.testing.assert_array_equal(scorer._moved_hops(sets, moved, longest), expected)
+
+
 def test_snake_and_folded_orders_keep_ring_neighbours_close():
     # A logical ring of 8 without wraparound links: on 2x4 a snake closes the ring with one-hop
     # steps only; on a line of 8 a folded order needs at most two hops per step. Plain orders

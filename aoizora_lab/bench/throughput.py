@@ -2,7 +2,7 @@
 
 :func:`placement_throughput` times :class:`~aoizora_lab.placement.PlacementScorer` on the
 search's own workload (every structured placement, then batches of pairwise swaps of the best
-ones) on Wan-sized compiled programs, for :data:`THROUGHPUT_CASES` (8, 16 and 64 chips);
+ones) on Wan-sized compiled programs, for :data:`THROUGHPUT_CASES` (8, 16, 64 and 256 chips);
 :func:`throughput_markdown` is its section of the report.
 """
 
