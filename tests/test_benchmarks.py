@@ -114,6 +114,7 @@ def test_placement_throughput_scores_placements(throughput):
     assert row["status"] == "ok"
     assert row["evaluated"] >= 500 and row["placements/s"] > 0 and row["whole placements/s"] > 0
     assert row["structures"] <= row["hlo collectives"]
+    assert row["compile_s"] > 0 and row["compile host_gib"] > 0.1  # jax alone is more
     assert 0 < row["lower bound_s"] <= row["best exposed_s"] and row["gap"] >= 1
 
 

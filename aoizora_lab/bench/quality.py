@@ -48,10 +48,14 @@ DEFAULT_MATRIX: tuple[str, ...] = (
     "wan2.1-t2v-1.3b@832x480x81/v5e:16x16",
     "wan2.1-t2v-14b@832x480x81/v5e:16x16",
     "wan2.1-t2v-1.3b@832x480x81/v5p:4x4x4",
+    # TPU7x: two devices a chip, a 3D slice; 2x2x2 is MaxDiffusion's published v7x-16 setup.
+    "wan2.1-t2v-1.3b@832x480x81/tpu7x:2x2x2",
+    "wan2.1-t2v-14b@1280x720x81/tpu7x:2x2x2",
 )
-"""Plan-quality matrix (case specs, :mod:`aoizora_lab.cases`): 8 cases of 8-16 chips, then 8
-of 32-256 chips. On 2 cores a 16-chip 14B case compiles ~25 programs at minutes each, so the
-matrix is run over several sittings (``aoizora-lab bench --resume``)."""
+"""Plan-quality matrix (case specs, :mod:`aoizora_lab.cases`): 8 cases of 8-16 chips, 8 of
+32-256 chips, then 2 on TPU7x (8 chips, 16 devices). A 16-chip 14B case compiles ~80 programs
+(the plan's survivors with each flag set, every baseline recipe tried), about an hour on 2
+cores, so the matrix is run over several sittings (``aoizora-lab bench --resume``)."""
 
 QUICK_MATRIX: tuple[str, ...] = ("wan2.1-t2v-1.3b@832x480x81/v5e:2x4",)
 """``--quick``: one small workload (compiled at :data:`QUICK_LAYERS` layers), for plan quality

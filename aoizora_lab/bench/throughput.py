@@ -101,6 +101,8 @@ def _throughput_row(workload: Workload, topology: Topology, *, name: str, evalua
     whole.scores(batch)
     whole_s = time.perf_counter() - whole_start
     return {"status": "ok", "chips": topology.num_chips,
+            "compile_s": compiled.compile_seconds,
+            "compile host_gib": compiled.host_peak_bytes / 2**30,
             "hlo collectives": len(compiled.program.collectives),
             "structures": len(scorer.structures), "structured": len(structured),
             "evaluated": done, "seconds": elapsed, "placements/s": done / elapsed,
@@ -123,7 +125,10 @@ def throughput_markdown(table: pd.DataFrame, evaluations: int) -> str:
         f"priced by `swap_scores`, at least {evaluations:,} evaluations per case; programs "
         f"compiled at {THROUGHPUT_LAYERS} layers and folded to the model's depth. `whole "
         f"placements/s`: {WHOLE_BATCH} such swaps priced from scratch (`scores`), for "
-        "comparison. `best exposed_s`: the least exposed communication found; `lower "
+        "comparison. `compile_s` / `compile host_gib`: the deviceless compile of the program "
+        "(2 layers, one child process) and that process's peak resident memory, as recorded "
+        "when it compiled (a cached program keeps its record). `best exposed_s`: the least "
+        "exposed communication found; `lower "
         "bound_s`: what no placement can beat (`PlacementScorer.lower_bound`: every "
         "collective at its per-chip injection bound, all-to-alls also at their average link "
         "load; loose where gathers' routes are long); `gap` = best / bound.",
