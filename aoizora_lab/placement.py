@@ -459,8 +459,11 @@ class PlacementScorer:
         the overlap groups are then priced in full, exactly as :meth:`scores` prices them (to
         rounding). The terms of each base order are kept, and so are those of the swaps of
         the last call: a local search that moves to one of them does not rescore it.
-        Example: on ``v5e:8x8`` a ``(2, 8, 4)`` program's all-to-alls over the 8-way axis
-        re-price 2 of 8 groups per swap.
+        A group that holds both swapped positions keeps its chip set, so where it is laid
+        out regularly (its phases depend on the set alone) it is not re-priced at all; the
+        moved flows of every structure are routed in one call. Example: on ``v5e:8x8`` a
+        ``(2, 8, 4)`` program's all-to-alls over the 8-way axis re-price 2 of 8 groups per
+        swap, and its 64-way weight gathers none.
         """
         orders = np.atleast_2d(np.asarray(orders, dtype=np.int64))
         first, second = np.asarray(first, dtype=np.int64), np.asarray(second, dtype=np.int64)
