@@ -514,16 +514,20 @@ def program_at_depth(hlo_text: str, num_devices: int, num_layers: int | None,
 def _result(candidate: Candidate, raw: dict[str, Any], model_layers: int,
             num_layers: int | None, flags: CompilerFlags) -> CompiledCandidate:
     program = None
+    status, message = raw["status"], raw.get("message", "")
     hlo_path = Path(raw["hlo_path"]) if raw.get("hlo_path") else None
-    if raw["status"] == "ok" and hlo_path is not None:
+    if status == "ok" and hlo_path is not None:
         # Parsing a 14B program takes ~0.2 s; a warm plan reads ~50 of them back instead.
-        program = memoized(
-            "program", (raw.get("hlo_sha256") or digest(hlo_path.read_bytes()),
-                        candidate.num_devices, num_layers, model_layers),
-            lambda: program_at_depth(hlo_path.read_text(), candidate.num_devices, num_layers,
-                                     model_layers), sources=["hlo.py"])
+        try:
+            program = memoized(
+                "program", (raw.get("hlo_sha256") or digest(hlo_path.read_bytes()),
+                            candidate.num_devices, num_layers, model_layers),
+                lambda: program_at_depth(hlo_path.read_text(), candidate.num_devices,
+                                         num_layers, model_layers), sources=["hlo.py"])
+        except AoizoraError as err:  # e.g. a layer loop the compiler unrolled cannot fold
+            status, message = "error", f"{candidate.name}: {err}"
     return CompiledCandidate(
-        candidate=candidate, status=raw["status"], message=raw.get("message", ""),
+        candidate=candidate, status=status, message=message,
         compile_seconds=float(raw.get("compile_seconds", 0.0)),
         memory=raw.get("memory", {}), program=program, hlo_path=hlo_path,
         compiled_layers=num_layers or model_layers, cached=bool(raw.get("cached", False)),

@@ -81,6 +81,17 @@ def test_folded_layers_give_the_full_depth_program(host, tmp_path):
         assert folded.program.flops == pytest.approx(full.program.flops, rel=1e-9)
 
 
+@pytest.mark.slow
+def test_a_program_that_cannot_be_folded_is_recorded_and_the_sweep_goes_on(host, tmp_path):
+    # One layer of four: XLA drops a loop of one trip, so there is no layer loop to scale.
+    results = compile_candidates(_candidates(), WORKLOAD, host, cache_dir=tmp_path,
+                                 num_layers=1)
+    assert [r.candidate.name for r in results] == NAMES
+    for result in results:
+        assert result.status == "error" and result.program is None
+        assert result.candidate.name in result.message and "cannot be folded" in result.message
+
+
 def test_simulated_slices_and_bad_depths_are_refused(tmp_path):
     with pytest.raises(az.AoizoraError, match="nothing compiles"):
         compile_candidates(_candidates(), WORKLOAD, az.Topology.simulated((2, 4)),

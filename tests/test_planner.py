@@ -115,3 +115,38 @@ def test_library_device_orders_that_refuse_a_mesh_are_skipped():
     assert [p.description for p in orders] == [
         "plain device order", "mesh_utils.create_device_mesh(allow_split_physical_axes=True)"]
     assert all(sorted(p.order) == list(range(16)) for p in orders)
+
+
+@pytest.mark.slow  # compiles in child processes
+def test_further_flag_sets_compile_only_candidates_that_could_still_win(tmp_path):
+    from aoizora_lab.candidates import explain_candidates
+    from aoizora_lab.compile import compile_candidates, compiler_flags
+    from aoizora_lab.cost import predict
+    from aoizora_lab.placement import plain_order
+    from aoizora_lab.planner import _compile_flag_sets
+
+    topology = az.Topology.from_name("v5e:2x4")  # flags change TPU programs only
+    kept = list(explain_candidates(WORKLOAD, topology).valid)[::4]  # every kind of split
+    flag_sets = [compiler_flags("default"), compiler_flags("maxdiffusion-ulysses")]
+    calls = []
+
+    def compile(candidates, flags):
+        calls.append((flags.label, [c.name for c in candidates]))
+        return compile_candidates(candidates, WORKLOAD, topology, cache_dir=tmp_path,
+                                  flags=flags)
+
+    compiled, skipped = _compile_flag_sets(kept, flag_sets, compile, topology)
+    assert calls[0] == ("default", [c.name for c in kept])
+    plain = plain_order(topology)
+    first = {r.candidate.name: predict(r.program, topology, plain) for r in compiled
+             if r.flags.label == "default" and r.status == "ok"}
+    best_s = min(p.total_s for p in first.values())
+    again = set(calls[1][1])
+    assert again and skipped  # both sides of the rule are exercised
+    # Compiled again exactly when compute alone could still beat the best step priced.
+    assert again == {n for n, p in first.items() if p.compute_s < best_s}
+    assert {s.candidate.name for s in skipped} == set(first) - again
+    assert all(s.compute_s >= s.best_s == best_s for s in skipped)
+    assert all(s.candidate.name in s.reason and "maxdiffusion-ulysses" in s.reason
+               for s in skipped)
+    assert len(compiled) == len(kept) + len(again)

@@ -121,7 +121,7 @@ def search_cost(cases: Iterable[Case | str] = SEARCH_COST_MATRIX, *, num_layers:
     Columns of ``summary``: ``cold_s`` (empty compile and IR caches: a fresh temporary folder,
     and ``jax.clear_caches()``), ``warm_s`` (the same cache again) and ``warm_all_cached``;
     ``enumerated``, ``valid``, ``ir_traced``, ``compiled`` (pruning survivors),
-    ``compiled_fraction`` (of the valid), ``compiles`` (survivors x compiler flag sets),
+    ``compiled_fraction`` (of the valid), ``compiles`` (survivors x the flag sets worth it),
     ``baseline_compiles`` (the existing systems' setups beyond the survivors), ``compile_s``
     (the compiles' own seconds, survivors and baselines);
     with ``exhaustive``: ``exhaustive_wall_s``, ``exhaustive_compiled_ok``,
