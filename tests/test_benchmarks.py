@@ -101,8 +101,9 @@ def test_search_cost_compares_pruned_and_exhaustive_search(cost):
     candidates = cost.candidates
     flag_sets = candidates["flags"].nunique()  # one row per candidate and flag set
     assert len(candidates) == row["valid"] * flag_sets
-    assert row["compiles"] == row["compiled"] * flag_sets
-    assert candidates["kept"].sum() == row["compiles"]
+    # Further flag sets only for candidates whose compute could still win (planner).
+    assert row["compiled"] <= row["compiles"] <= row["compiled"] * flag_sets
+    assert candidates["kept"].sum() == row["compiled"] * flag_sets
     assert candidates["best_total_s"].dropna().is_monotonic_increasing
     assert set(cost.targets["met"]) <= {"met", "missed", "n/a"}
     assert len(cost.targets) == 4

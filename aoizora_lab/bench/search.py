@@ -223,7 +223,7 @@ def _exhaustive(workload: Workload, topology: Topology, result: Any, cache: str,
     from aoizora_lab.placement import rank_placements
 
     start = time.perf_counter()
-    flag_sets = {r.flags.label: r.flags for r in result.compiled}.values()
+    flag_sets = {r.flags.label: r.flags for r in [*result.compiled, *result.skipped]}.values()
     compiled = [r for flags in flag_sets for r in compile_candidates(
         result.candidates.valid, workload, topology, cache_dir=cache, num_layers=num_layers,
         timeout_s=timeout_s, flags=flags)]
