@@ -381,6 +381,8 @@ class PlacementScorer:
         self._single_window = np.array([g.window_s for g in singles], dtype=np.float64)
         self._single_runs = np.array([float(g.runs) for g in singles])
         self._multi_groups = [g for g in self.groups if len(g.members) > 1]
+        self._joint_structures = sorted({self._structure_of[i] for g in self._multi_groups
+                                         for i in g.members})
         routes = route_matrix(topology, self.options)
         intra = intra_chip_slots(topology)
         if intra:
@@ -682,13 +684,13 @@ class PlacementScorer:
         chip that comes in are new: ``2 S`` lookups instead of finding the set's longest.
         """
         moved = old != new
-        member = moved.argmax(axis=1)
+        member, changed = moved.argmax(axis=1), moved.any(axis=1)
         entry = np.arange(len(old))
         leaving, coming = old[entry, member], new[entry, member]
         kept = self._distances[leaving[:, None], old].max(axis=1) < old_hops
         to_coming = self._distances[coming[:, None], new].max(axis=1)
-        hops = np.where(moved.any(axis=1), np.maximum(old_hops, to_coming), old_hops)
-        again = np.nonzero(moved.any(axis=1) & ~kept)[0]
+        hops = np.where(changed, np.maximum(old_hops, to_coming), old_hops)
+        again = np.nonzero(changed & ~kept)[0]
         if len(again):
             hops[again] = self._group_hops(new[again][:, None, :])[:, 0]
         return hops
@@ -714,12 +716,10 @@ class PlacementScorer:
         exposed = np.where(self._single_async[:, None],
                            np.maximum(window, single) - window, single)
         totals = self._single_runs @ exposed
-        over_phases: dict[int, np.ndarray] = {}  # a structure's loads, phases summed
+        # Loads summed over phases, once per structure in flight with others.
+        over_phases = {k: terms[k][0].sum(axis=1) for k in self._joint_structures}
         for group in self._multi_groups:
             member_s = alone[list(group.members)]
-            for i in group.members:
-                if of[i] not in over_phases:
-                    over_phases[of[i]] = terms[of[i]][0].sum(axis=1)
             summed = sum(over_phases[of[i]] * self._bytes[i] for i in group.members)
             joint = summed.max(axis=1, initial=0.0) * per_byte + latency[
                 of[list(group.members)]].max(axis=0)
@@ -807,6 +807,9 @@ class PlacementScorer:
                                  - table[rows_of[0][moved, group]])
         loads *= shard
         irregular = [p.ravel() < 0 for p in picks]
+        if not (irregular[0].any() or irregular[1].any()):
+            none = np.zeros(0, dtype=np.int64)
+            return loads, (none, none, np.zeros(0), none), picks[1]
         before = ring_flows(old.reshape(-1, members), shard)
         after = ring_flows(new.reshape(-1, members), shard)
         ring_old, ring_new = (np.repeat(i, 2 * members) for i in irregular)

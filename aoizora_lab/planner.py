@@ -276,14 +276,14 @@ def _compile_flag_sets(kept: list[Candidate], flag_sets: list[CompilerFlags],
     """
     plain = plain_order(topology)
     compiled = Compiles(compile(kept, flag_sets[0]))
-    compute = {r.candidate.name: predict(r.program, topology, plain).compute_s
-               for r in compiled.ok}
+    first = {r.candidate.name: predict(r.program, topology, plain) for r in compiled.ok}
+    best_s = min((p.total_s for p in first.values()), default=math.inf)
     skipped: list[SkippedCompile] = []
     for flags in flag_sets[1:]:
-        best_s = min((predict(r.program, topology, plain).total_s for r in compiled.ok),
-                     default=math.inf)
-        worth = [c for c in kept if compute.get(c.name, -math.inf) < best_s]
-        skipped.extend(SkippedCompile(c, flags, compute[c.name], best_s)
+        worth = [c for c in kept if c.name not in first or first[c.name].compute_s < best_s]
+        skipped.extend(SkippedCompile(c, flags, first[c.name].compute_s, best_s)
                        for c in kept if c not in worth)
-        compiled = Compiles([*compiled, *compile(worth, flags)])
+        more = compile(worth, flags)
+        compiled = Compiles([*compiled, *more])
+        best_s = min([best_s, *(predict(r.program, topology, plain).total_s for r in more.ok)])
     return compiled, tuple(skipped)
