@@ -54,7 +54,6 @@ import numpy as np
 from aoizora_lab.candidates import Candidate
 from aoizora_lab.comm_model import (
     Collective,
-    Flows,
     ModelOptions,
     all_gather_phases,
     direct_flows,
@@ -68,6 +67,13 @@ from aoizora_lab.comm_model import (
 from aoizora_lab.compile import DEFAULT_FLAGS, CompilerFlags
 from aoizora_lab.cost import Predicted, group_exposed, hbm_seconds, overlap_groups, predict
 from aoizora_lab.errors import AoizoraError
+from aoizora_lab.flow_kernels import (
+    ALL_TO_ALL,
+    PERMUTE,
+    RING,
+    route_flows,
+    route_group_changes,
+)
 from aoizora_lab.hardware import ChipSpec, device_spec
 from aoizora_lab.hlo import CommProgram
 from aoizora_lab.records import Records
@@ -344,8 +350,10 @@ each group's longest hop count ``[B, groups]``, and for gathers and reductions e
 row in the phase tables ``[B, groups]`` (-1: irregular; ``None`` for other kinds)."""
 
 
-Signed = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
-"""Flows ``(src, dst, bytes, row)``: the change of a batch's link loads, added per row."""
+Changes = tuple[int, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+"""Groups whose flows a swap changes, as :func:`~aoizora_lab.flow_kernels.route_group_changes`
+takes them: flow layout, member chips before and after ``[N, S]``, bytes per flow before and
+after ``[N]`` (0: no flows on that side) and each group's row of the batch ``[N]``."""
 
 
 class PlacementScorer:
@@ -399,10 +407,9 @@ class PlacementScorer:
         # chips^2 x links per placement: 1M multiply-adds at 64 chips, for ~500 flows).
         routes = routes.tocsr()
         routes.sort_indices()
-        self._route_start = routes.indptr[:-1].astype(np.int64)
-        self._route_len = np.diff(routes.indptr).astype(np.int64)
-        self._route_link = routes.indices.astype(np.int64)
-        self._route_fraction = routes.data.astype(np.float64)
+        self._routes = (topology.num_chips, routes.indptr[:-1].astype(np.int64),
+                        np.diff(routes.indptr).astype(np.int64),
+                        routes.indices.astype(np.int64), routes.data.astype(np.float64))
         self._num_links = routes.shape[1]
         # A group's chip set keyed by the wrapping sum of random 64-bit numbers of its chips
         # (a multiset hash: order-free, any slice size, collisions ~2^-64 per pair).
@@ -462,8 +469,8 @@ class PlacementScorer:
         rounding). The terms of each base order are kept, and so are those of the swaps of
         the last call: a local search that moves to one of them does not rescore it.
         A group that holds both swapped positions keeps its chip set, so where it is laid
-        out regularly (its phases depend on the set alone) it is not re-priced at all; the
-        moved flows of every structure are routed in one call. Example: on ``v5e:8x8`` a
+        out regularly (its phases depend on the set alone) it is not re-priced at all; of the
+        others only the flows whose ends change are routed. Example: on ``v5e:8x8`` a
         ``(2, 8, 4)`` program's all-to-alls over the 8-way axis re-price 2 of 8 groups per
         swap, and its 64-way weight gathers none.
         """
@@ -485,7 +492,7 @@ class PlacementScorer:
                          dtype=np.int64)
         bases = orders[np.unique(which, return_index=True)[1]]  # base m: first row m
         base_terms = self._base_terms(bases)
-        parts, flows, routes = [], [], []  # routes: whether the structure has moved flows
+        parts, changes = [], []  # changes: (structure, groups whose flows change)
         for index, (kind, groups) in enumerate(self.structures):
             base_loads, base_hops, base_picks = base_terms[index]
             picks = None if base_picks is None else base_picks[which]
@@ -496,19 +503,19 @@ class PlacementScorer:
             # and, laid out regularly, its phases: only its members' order can matter.
             if picks is not None:
                 unused |= both & (picks[rows[:, None], slots] >= 0)
-            routes.append(not unused.all())
-            if not routes[-1]:
+            if unused.all():
                 parts.append((base_loads[which], base_hops[which], picks))
                 continue
             old = self._chip_of[orders[rows[:, None, None], groups[slots]]]  # [K, T, S]
             new = self._chip_of[trials[rows[:, None, None], groups[slots]]]
             new = np.where(unused[..., None], old, new)  # unused slots cancel out
             row, slot = np.nonzero(~unused)  # each touched group once per row
-            table, moved, new_picks = self._unit_phase_delta(
+            table, change, new_picks = self._unit_phase_delta(
                 kind, old, new, None if picks is None else picks[rows[:, None], slots])
             if picks is not None:
                 picks[row, touched[row, slot]] = new_picks[row, slot]
-            flows.append((*moved[:3], moved[3] + len(flows) * len(orders)))
+            if change is not None:
+                changes.append((index, change))
             phases = base_loads.shape[1] if table is None else max(base_loads.shape[1],
                                                                      table.shape[1])
             loads = _pad_phases(base_loads, phases)[which]
@@ -520,17 +527,13 @@ class PlacementScorer:
             hops[row, touched[row, slot]] = self._moved_hops(
                 old[row, slot], new[row, slot], hops[row, touched[row, slot]])
             parts.append((loads, hops, picks))
-        # The moved flows of every structure routed in one call, a block of rows each.
-        routed = self._link_loads(
-            tuple(np.concatenate([f[i] for f in flows]) for i in range(3)),
-            np.concatenate([f[3] for f in flows]), len(flows) * len(orders)
-        ).reshape(len(flows), len(orders), self._num_links) if flows else ()
-        terms, block = [], iter(routed)
-        for (kind, _), (loads, hops, picks), changed in zip(self.structures, parts, routes,
-                                                             strict=True):
-            if changed:
-                loads[:, :2 if kind == "all-reduce" else 1] += next(block)[:, None, :]
-            terms.append((loads, hops, picks))
+        for index, (layout, before, after, weight_before, weight_after, row) in changes:
+            moved = np.zeros((len(orders), self._num_links))
+            route_group_changes(moved, layout, before, after, weight_before, weight_after, row,
+                                *self._routes)
+            kind = self.structures[index][0]
+            parts[index][0][:, :2 if kind == "all-reduce" else 1] += moved[:, None, :]
+        terms = parts
         self._known = {b.tobytes(): self._known[b.tobytes()] for b in bases}
         # The swaps' terms stay in one piece; a swap that becomes a base is cut out then.
         self._last = ({trials[k].tobytes(): k for k in range(len(trials))}, terms)
@@ -730,16 +733,10 @@ class PlacementScorer:
                     rows: np.ndarray, num_rows: int) -> np.ndarray:
         """Link loads ``[num_rows, links]`` of ``flows``, flow *i* counted in row ``rows[i]``."""
         src, dst, size = flows
-        pair = src * self.topology.num_chips + dst
-        length = self._route_len[pair]
-        total = int(length.sum())
-        # Entry k of flow i's route: index start[i] + k into the route arrays.
-        first = np.cumsum(length) - length
-        entry = np.repeat(self._route_start[pair] - first, length) + np.arange(total)
-        weight = np.repeat(np.asarray(size, dtype=np.float64), length) * self._route_fraction[entry]
-        slot = np.repeat(rows, length) * self._num_links + self._route_link[entry]
-        return np.bincount(slot, weight, minlength=num_rows * self._num_links).reshape(
-            num_rows, self._num_links)
+        out = np.zeros((num_rows, self._num_links))
+        route_flows(out, src, dst, np.broadcast_to(np.asarray(size, dtype=np.float64),
+                                                   src.shape), rows, *self._routes)
+        return out
 
     def _unit_phase_loads(self, kind: str, chips: np.ndarray
                           ) -> tuple[np.ndarray, np.ndarray | None]:
@@ -776,27 +773,29 @@ class PlacementScorer:
 
     def _unit_phase_delta(self, kind: str, old: np.ndarray, new: np.ndarray,
                           old_picks: np.ndarray | None
-                          ) -> tuple[np.ndarray | None, Signed, np.ndarray | None]:
+                          ) -> tuple[np.ndarray | None, Changes | None, np.ndarray | None]:
         """:meth:`_unit_phase_loads` of ``new`` minus that of ``old`` (``[B, G, S]`` chips,
         the same groups before and after a swap; ``old_picks``: their table rows), in two
         parts: the change of the tables' regular phases (``[B, phases, links]``, ``None``
-        for kinds without tables) and the flows that differ, signed (added before the
-        caller routes them, to its first phase, or two for an all-reduce); and the table
-        rows of ``new``.
+        for kinds without tables) and the groups whose flows change (:data:`Changes`, for
+        the caller to route into its first phase, or two for an all-reduce; ``None``: none);
+        and the table rows of ``new``.
 
-        Flows come out of ``direct_flows`` and ``ring_flows`` in the same layout for both,
-        so a flow between the same chips at the same index cancels and is left out: a swap
-        re-routes the flows of its two moved members, not their whole groups.
+        Only touched groups are passed (``G`` = the touched slots, unused ones equal before
+        and after), and :func:`~aoizora_lab.flow_kernels.route_group_changes` routes only
+        the flows whose ends differ: a swap re-routes the flows of its two moved members,
+        not their whole groups.
         """
         batch, num_groups, members = old.shape
+        row = np.repeat(np.arange(batch), num_groups)
+        before, after = old.reshape(-1, members), new.reshape(-1, members)
         if kind in ("collective-permute", "all-to-all"):
-            before, after = direct_flows(kind, old, 1.0), direct_flows(kind, new, 1.0)
-            rows = np.repeat(np.arange(batch), len(before[0]) // batch)
-            differ = (before[0] != after[0]) | (before[1] != after[1])
-            return None, _signed(before, after, differ, differ, rows), None
+            layout = PERMUTE if kind == "collective-permute" else ALL_TO_ALL
+            weight = np.full(len(row), 1.0 if layout == PERMUTE else 1.0 / members)
+            return None, (layout, before, after, weight, weight, row), None
         shard = gathered_shard(kind, 1.0, members)
         picks = [old_picks,
-                 self._set_table_rows(new.reshape(-1, members)).reshape(batch, num_groups)]
+                 self._set_table_rows(after).reshape(batch, num_groups)]
         table = self._tables[1 if kind == "all-reduce" else 0]
         rows_of = [np.where(p < 0, self._table_rows, p) for p in picks]
         loads = np.zeros((batch, table.shape[1], table.shape[2]))
@@ -806,16 +805,14 @@ class PlacementScorer:
                 loads[moved] += (table[rows_of[1][moved, group]]
                                  - table[rows_of[0][moved, group]])
         loads *= shard
-        irregular = [p.ravel() < 0 for p in picks]
-        if not (irregular[0].any() or irregular[1].any()):
-            none = np.zeros(0, dtype=np.int64)
-            return loads, (none, none, np.zeros(0), none), picks[1]
-        before = ring_flows(old.reshape(-1, members), shard)
-        after = ring_flows(new.reshape(-1, members), shard)
-        ring_old, ring_new = (np.repeat(i, 2 * members) for i in irregular)
-        differ = (before[0] != after[0]) | (before[1] != after[1]) | (ring_old != ring_new)
-        rows = np.repeat(np.arange(batch), num_groups * 2 * members)
-        return loads, _signed(before, after, ring_old & differ, ring_new & differ, rows), picks[1]
+        # Irregular groups are one ring in member order (ring_flows' bytes per flow).
+        ring = (members - 1) / 2 * shard
+        weights = [np.where(p.ravel() < 0, ring, 0.0) for p in picks]
+        some = np.nonzero((weights[0] > 0) | (weights[1] > 0))[0]
+        if not len(some):
+            return loads, None, picks[1]
+        return loads, (RING, before[some], after[some], weights[0][some], weights[1][some],
+                       row[some]), picks[1]
 
     def _set_table_rows(self, groups: np.ndarray) -> np.ndarray:
         """Each group's row in the phase tables (``groups`` ``[N, members]`` of chips), -1
@@ -863,15 +860,6 @@ class PlacementScorer:
         self._tables = (single, double)
         self._table_rows = row + 1
         return row
-
-
-def _signed(before: Flows, after: Flows, drop: np.ndarray, add: np.ndarray, rows: np.ndarray
-            ) -> Signed:
-    """The ``add`` flows of ``after`` and the ``drop`` flows of ``before``, negated, with
-    each one's row (``rows``: per flow of either)."""
-    flows = tuple(np.concatenate([b[drop], a[add]]) for b, a in zip(before, after, strict=True))
-    return (flows[0], flows[1], np.concatenate([-before[2][drop], after[2][add]]),
-            np.concatenate([rows[drop], rows[add]]))
 
 
 def _longest(distances: np.ndarray, chips: np.ndarray) -> np.ndarray:
@@ -1119,6 +1107,6 @@ def rank_placements(program: CommProgram, candidate: Candidate, topology: Topolo
                     search, sources=RANKING_SOURCES)
 
 
-RANKING_SOURCES = ("placement.py", "comm_model.py", "cost.py", "topology.py", "hardware.py",
-                   "hlo.py")
+RANKING_SOURCES = ("placement.py", "flow_kernels.py", "comm_model.py", "cost.py", "topology.py",
+                   "hardware.py", "hlo.py")
 """The code a placement ranking depends on besides its inputs (:func:`rank_placements`)."""

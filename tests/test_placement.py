@@ -5,6 +5,8 @@ import numpy as np
 import pytest
 
 import aoizora_lab as az
+from aoizora_lab.comm_model import direct_flows, ring_flows
+from aoizora_lab.flow_kernels import ALL_TO_ALL, PERMUTE, RING, route_group_changes
 from aoizora_lab.placement import (
     Placement,
     PlacementScorer,
@@ -95,6 +97,38 @@ def test_swap_scores_are_the_scores_of_the_swapped_orders(shape, wrap, per_chip)
     again = scorer.swap_scores(swapped[:5], second[:5], first[:5])
     np.testing.assert_allclose(again, fresh.scores(orders[:5]), rtol=1e-9)
     assert scorer.evaluations == 300 + 300 + 5
+
+
+@pytest.mark.parametrize(("layout", "members"), [(PERMUTE, 2), (ALL_TO_ALL, 5), (RING, 6),
+                                                  (RING, 2)])
+def test_routed_group_changes_are_the_flows_after_minus_before(layout, members):
+    topology = az.Topology.simulated((4, 4), generation="v5e", wrap=(True, False))
+    scorer = PlacementScorer([], topology)
+    rng = np.random.default_rng(layout)
+    before = np.array([rng.permutation(16)[:members] for _ in range(30)])
+    after = before.copy()
+    after[::2, 0] = (after[::2, 0] + 1 + rng.integers(0, 2, size=15)) % 16  # one chip moves
+    after[1::3] = before[1::3]  # some groups unchanged
+    weight_before, weight_after = rng.choice([0.0, 0.5, 2.0], size=(2, 30))
+    rows = rng.integers(0, 4, size=30)
+    changed = np.zeros((4, scorer._num_links))
+    route_group_changes(changed, layout, before, after, weight_before, weight_after, rows,
+                        *scorer._routes)
+
+    def flows(chips, weight):  # the comm model's own flow lists, one group at a time
+        out = []
+        for group, w, row in zip(chips, weight, rows, strict=True):
+            src, dst, _ = (ring_flows(group, 1.0) if layout == RING else direct_flows(
+                "collective-permute" if layout == PERMUTE else "all-to-all", group, 1.0))
+            out.append((src, dst, np.full(len(src), w), np.full(len(src), row)))
+        return [np.concatenate(part) for part in zip(*out, strict=True)]
+
+    src, dst, size, row = flows(before, weight_before)
+    expected = -scorer._link_loads((src, dst, size), row, 4)
+    src, dst, size, row = flows(after, weight_after)
+    expected += scorer._link_loads((src, dst, size), row, 4)
+    np.testing.assert_allclose(changed, expected, atol=1e-12)
+    assert np.abs(expected).sum() > 0
 
 
 @pytest.mark.parametrize(("shape", "wrap"), [((16, 16), (True, True)), ((8, 8), None),

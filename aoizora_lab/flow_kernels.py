@@ -1,0 +1,92 @@
+"""Compiled inner loops of :class:`~aoizora_lab.placement.PlacementScorer` (numba).
+
+Routing a flow adds its bytes to the few links of its route. The routes come from
+:func:`~aoizora_lab.comm_model.route_matrix` as runs of ``(link, fraction)`` entries, one run
+per chip pair (``start[pair]``, ``length[pair]``, ``link``, ``fraction``; pair = ``src *
+num_chips + dst``). In numpy every flow's route entries are first gathered into arrays of
+their own and then summed with a bincount; here one loop adds each entry where it goes.
+
+A swap of the local search changes the flows of the few groups holding a swapped position:
+:func:`route_group_changes` walks each such group's flows before and after and routes only
+those that differ, without building either flow list. Example: on ``v5e:8x8`` a swap in an
+8-way all-to-all changes 28 of the group's 56 flows; a call of the search (160 swaps) routes
+~22,000 of them over ~160,000 route entries. Measured on 14B@720p ``cfg2-uly8-ring4-fsdp``
+(64 chips), the search's placements per second went from 13.2k to 20k+ with these loops.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+PERMUTE, ALL_TO_ALL, RING = 0, 1, 2
+"""Flow layouts of a group's members ``c[0..S-1]`` in :func:`route_group_changes`: a permute
+pair sends ``c[0] -> c[1]``; an all-to-all member ``c[i]`` sends to every other member; a
+bidirectional ring sends ``c[i] -> c[i+1]`` and back, the closing pair included (the layout of
+:func:`~aoizora_lab.comm_model.ring_flows`)."""
+
+
+@numba.njit(cache=True)
+def _add_route(out: np.ndarray, row: int, src: int, dst: int, weight: float, num_chips: int,
+               start: np.ndarray, length: np.ndarray, link: np.ndarray,
+               fraction: np.ndarray) -> None:
+    pair = src * num_chips + dst
+    first = start[pair]
+    for entry in range(first, first + length[pair]):
+        out[row, link[entry]] += weight * fraction[entry]
+
+
+@numba.njit(cache=True)
+def route_flows(out: np.ndarray, src: np.ndarray, dst: np.ndarray, weight: np.ndarray,
+                rows: np.ndarray, num_chips: int, start: np.ndarray, length: np.ndarray,
+                link: np.ndarray, fraction: np.ndarray) -> None:
+    """Add flow *i* (``weight[i]`` bytes from chip ``src[i]`` to ``dst[i]``) to the links of
+    its route in row ``rows[i]`` of ``out`` ``[rows, links]``."""
+    for i in range(src.shape[0]):
+        _add_route(out, rows[i], src[i], dst[i], weight[i], num_chips, start, length, link,
+                   fraction)
+
+
+@numba.njit(cache=True)
+def _change(out: np.ndarray, row: int, old_src: int, old_dst: int, new_src: int,
+            new_dst: int, old_weight: float, new_weight: float, num_chips: int,
+            start: np.ndarray, length: np.ndarray, link: np.ndarray,
+            fraction: np.ndarray) -> None:
+    if old_src == new_src and old_dst == new_dst and old_weight == new_weight:
+        return  # the same flow before and after: cancels
+    if old_weight != 0.0:
+        _add_route(out, row, old_src, old_dst, -old_weight, num_chips, start, length, link,
+                   fraction)
+    if new_weight != 0.0:
+        _add_route(out, row, new_src, new_dst, new_weight, num_chips, start, length, link,
+                   fraction)
+
+
+@numba.njit(cache=True)
+def route_group_changes(out: np.ndarray, layout: int, old: np.ndarray, new: np.ndarray,
+                        old_weight: np.ndarray, new_weight: np.ndarray, rows: np.ndarray,
+                        num_chips: int, start: np.ndarray, length: np.ndarray,
+                        link: np.ndarray, fraction: np.ndarray) -> None:
+    """Add to row ``rows[g]`` of ``out`` the flows of group ``new[g]`` (member chips, each flow
+    ``new_weight[g]`` bytes) minus those of ``old[g]`` (``old_weight[g]``), in ``layout``; a
+    weight of 0 means the group has no such flows on that side."""
+    members = old.shape[1]
+    for g in range(old.shape[0]):
+        row, w_old, w_new = rows[g], old_weight[g], new_weight[g]
+        a, b = old[g], new[g]
+        if layout == PERMUTE:
+            _change(out, row, a[0], a[1], b[0], b[1], w_old, w_new, num_chips, start,
+                    length, link, fraction)
+        elif layout == ALL_TO_ALL:
+            for i in range(members):
+                for j in range(members):
+                    if i != j:
+                        _change(out, row, a[i], a[j], b[i], b[j], w_old, w_new, num_chips,
+                                start, length, link, fraction)
+        else:
+            for i in range(members):
+                k = (i + 1) % members
+                _change(out, row, a[i], a[k], b[i], b[k], w_old, w_new, num_chips, start,
+                        length, link, fraction)
+                _change(out, row, a[k], a[i], b[k], b[i], w_old, w_new, num_chips, start,
+                        length, link, fraction)
