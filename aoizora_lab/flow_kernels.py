@@ -30,10 +30,12 @@ bidirectional ring sends ``c[i] -> c[i+1]`` and back, the closing pair included 
 def _add_route(out: np.ndarray, row: int, src: int, dst: int, weight: float, num_chips: int,
                start: np.ndarray, length: np.ndarray, link: np.ndarray,
                fraction: np.ndarray) -> None:
+    """Add the route to every phase of ``out[row]`` (``[rows, phases, links]``)."""
     pair = src * num_chips + dst
     first = start[pair]
     for entry in range(first, first + length[pair]):
-        out[row, link[entry]] += weight * fraction[entry]
+        for phase in range(out.shape[1]):
+            out[row, phase, link[entry]] += weight * fraction[entry]
 
 
 @numba.njit(cache=True)
@@ -41,7 +43,7 @@ def route_flows(out: np.ndarray, src: np.ndarray, dst: np.ndarray, weight: np.nd
                 rows: np.ndarray, num_chips: int, start: np.ndarray, length: np.ndarray,
                 link: np.ndarray, fraction: np.ndarray) -> None:
     """Add flow *i* (``weight[i]`` bytes from chip ``src[i]`` to ``dst[i]``) to the links of
-    its route in row ``rows[i]`` of ``out`` ``[rows, links]``."""
+    its route in row ``rows[i]`` of ``out`` ``[rows, phases, links]``, every phase."""
     for i in range(src.shape[0]):
         _add_route(out, rows[i], src[i], dst[i], weight[i], num_chips, start, length, link,
                    fraction)
@@ -67,9 +69,10 @@ def route_group_changes(out: np.ndarray, layout: int, old: np.ndarray, new: np.n
                         old_weight: np.ndarray, new_weight: np.ndarray, rows: np.ndarray,
                         num_chips: int, start: np.ndarray, length: np.ndarray,
                         link: np.ndarray, fraction: np.ndarray) -> None:
-    """Add to row ``rows[g]`` of ``out`` the flows of group ``new[g]`` (member chips, each flow
-    ``new_weight[g]`` bytes) minus those of ``old[g]`` (``old_weight[g]``), in ``layout``; a
-    weight of 0 means the group has no such flows on that side."""
+    """Add to row ``rows[g]`` of ``out`` (``[rows, phases, links]``, every phase) the flows of
+    group ``new[g]`` (member chips, each flow ``new_weight[g]`` bytes) minus those of
+    ``old[g]`` (``old_weight[g]``), in ``layout``; a weight of 0 means the group has no such
+    flows on that side."""
     members = old.shape[1]
     for g in range(old.shape[0]):
         row, w_old, w_new = rows[g], old_weight[g], new_weight[g]
@@ -90,3 +93,75 @@ def route_group_changes(out: np.ndarray, layout: int, old: np.ndarray, new: np.n
                         length, link, fraction)
                 _change(out, row, a[k], a[i], b[k], b[i], w_old, w_new, num_chips, start,
                         length, link, fraction)
+
+
+SCAN_MEMBERS = 64
+"""Up to this many members a group's longest distance is found by scanning its pairs (2,016
+lookups at 64, a few microseconds); larger sets are worked out once each by their owner."""
+
+
+@numba.njit(cache=True)
+def moved_longest(distances: np.ndarray, old: np.ndarray, new: np.ndarray,
+                  old_hops: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Longest distance within each group ``new[g]`` (member chips), which is ``old[g]``
+    (longest distance ``old_hops[g]``) with at most one member's chip changed; and where
+    where it is left to the caller (``again``: the chip that left was in a longest pair of
+    ``old[g]`` and the group has over :data:`SCAN_MEMBERS` members; the caller works out
+    such sets once each).
+
+    When the chip that leaves is nearer than ``old_hops[g]`` to every other member, the
+    others keep their longest pair, and only the distances to the chip that comes in are
+    new: ``2 S`` lookups instead of the set's ``S^2 / 2``.
+    """
+    count, members = old.shape
+    hops = old_hops.copy()
+    again = np.zeros(count, dtype=np.bool_)
+    for g in range(count):
+        moved = -1
+        for i in range(members):
+            if old[g, i] != new[g, i]:
+                moved = i
+                break
+        if moved < 0:
+            continue
+        leaving, coming = old[g, moved], new[g, moved]
+        kept = True
+        for j in range(members):
+            if distances[leaving, old[g, j]] >= old_hops[g]:
+                kept = False
+                break
+        if kept:
+            for j in range(members):
+                hops[g] = max(hops[g], distances[coming, new[g, j]])
+        elif members <= SCAN_MEMBERS:
+            hops[g] = 0
+            for i in range(members):
+                for j in range(i + 1, members):
+                    hops[g] = max(hops[g], distances[new[g, i], new[g, j]])
+        else:
+            again[g] = True
+    return hops, again
+
+
+@numba.njit(cache=True)
+def maybe_regular(coords: np.ndarray, shape: np.ndarray, groups: np.ndarray) -> np.ndarray:
+    """Whether each group's chips (``groups`` ``[N, S]``, ``coords`` per chip) take as many
+    distinct positions per axis as multiply to ``S``: a regular set (every combination of
+    its per-axis positions) must, so most sets a swap makes are ruled out without working
+    out their layout."""
+    count, members = groups.shape
+    out = np.zeros(count, dtype=np.bool_)
+    seen = np.zeros(shape.max(), dtype=np.bool_)
+    for g in range(count):
+        product = 1
+        for axis in range(shape.shape[0]):
+            seen[:] = False
+            distinct = 0
+            for i in range(members):
+                position = coords[groups[g, i], axis]
+                if not seen[position]:
+                    seen[position] = True
+                    distinct += 1
+            product *= distinct
+        out[g] = product == members
+    return out

@@ -71,6 +71,8 @@ from aoizora_lab.flow_kernels import (
     ALL_TO_ALL,
     PERMUTE,
     RING,
+    maybe_regular,
+    moved_longest,
     route_flows,
     route_group_changes,
 )
@@ -506,33 +508,30 @@ class PlacementScorer:
             if unused.all():
                 parts.append((base_loads[which], base_hops[which], picks))
                 continue
-            old = self._chip_of[orders[rows[:, None, None], groups[slots]]]  # [K, T, S]
-            new = self._chip_of[trials[rows[:, None, None], groups[slots]]]
-            new = np.where(unused[..., None], old, new)  # unused slots cancel out
             row, slot = np.nonzero(~unused)  # each touched group once per row
+            group = touched[row, slot]
+            old = self._chip_of[orders[row[:, None], groups[group]]]  # [N, S]
+            new = self._chip_of[trials[row[:, None], groups[group]]]
             table, change, new_picks = self._unit_phase_delta(
-                kind, old, new, None if picks is None else picks[rows[:, None], slots])
+                kind, old, new, row, None if picks is None else picks[row, group])
             if picks is not None:
-                picks[row, touched[row, slot]] = new_picks[row, slot]
+                picks[row, group] = new_picks
             if change is not None:
                 changes.append((index, change))
             phases = base_loads.shape[1] if table is None else max(base_loads.shape[1],
-                                                                     table.shape[1])
+                                                                     table[1].shape[1])
             loads = _pad_phases(base_loads, phases)[which]
-            if table is not None:
-                loads += _pad_phases(table, phases)
+            if table is not None:  # rows may repeat (two groups of one swap)
+                np.add.at(loads, (table[0], slice(0, table[1].shape[1])), table[1])
             hops = base_hops[which]
             moved_set = ~both[row, slot]
-            row, slot = row[moved_set], slot[moved_set]
-            hops[row, touched[row, slot]] = self._moved_hops(
-                old[row, slot], new[row, slot], hops[row, touched[row, slot]])
+            hops[row[moved_set], group[moved_set]] = self._moved_hops(
+                old[moved_set], new[moved_set], hops[row[moved_set], group[moved_set]])
             parts.append((loads, hops, picks))
         for index, (layout, before, after, weight_before, weight_after, row) in changes:
-            moved = np.zeros((len(orders), self._num_links))
-            route_group_changes(moved, layout, before, after, weight_before, weight_after, row,
-                                *self._routes)
             kind = self.structures[index][0]
-            parts[index][0][:, :2 if kind == "all-reduce" else 1] += moved[:, None, :]
+            route_group_changes(parts[index][0][:, :2 if kind == "all-reduce" else 1], layout,
+                                before, after, weight_before, weight_after, row, *self._routes)
         terms = parts
         self._known = {b.tobytes(): self._known[b.tobytes()] for b in bases}
         # The swaps' terms stay in one piece; a swap that becomes a base is cut out then.
@@ -680,20 +679,11 @@ class PlacementScorer:
     def _moved_hops(self, old: np.ndarray, new: np.ndarray, old_hops: np.ndarray
                     ) -> np.ndarray:
         """Longest distance within each group ``new`` ``[M, S]``: ``old`` with at most one
-        member's chip changed (``old_hops``: its longest distance).
-
-        When the chip that leaves is in no longest pair of ``old`` (it is nearer than that
-        to every other member), the others keep that pair, and only the distances to the
-        chip that comes in are new: ``2 S`` lookups instead of finding the set's longest.
-        """
-        moved = old != new
-        member, changed = moved.argmax(axis=1), moved.any(axis=1)
-        entry = np.arange(len(old))
-        leaving, coming = old[entry, member], new[entry, member]
-        kept = self._distances[leaving[:, None], old].max(axis=1) < old_hops
-        to_coming = self._distances[coming[:, None], new].max(axis=1)
-        hops = np.where(changed, np.maximum(old_hops, to_coming), old_hops)
-        again = np.nonzero(changed & ~kept)[0]
+        member's chip changed (``old_hops``: its longest distance); from the moved chips
+        where that suffices (:func:`~aoizora_lab.flow_kernels.moved_longest`), else the set
+        worked out afresh."""
+        hops, again = moved_longest(self._distances, old, new, old_hops)
+        again = np.nonzero(again)[0]
         if len(again):
             hops[again] = self._group_hops(new[again][:, None, :])[:, 0]
         return hops
@@ -733,10 +723,10 @@ class PlacementScorer:
                     rows: np.ndarray, num_rows: int) -> np.ndarray:
         """Link loads ``[num_rows, links]`` of ``flows``, flow *i* counted in row ``rows[i]``."""
         src, dst, size = flows
-        out = np.zeros((num_rows, self._num_links))
+        out = np.zeros((num_rows, 1, self._num_links))
         route_flows(out, src, dst, np.broadcast_to(np.asarray(size, dtype=np.float64),
                                                    src.shape), rows, *self._routes)
-        return out
+        return out[:, 0]
 
     def _unit_phase_loads(self, kind: str, chips: np.ndarray
                           ) -> tuple[np.ndarray, np.ndarray | None]:
@@ -771,48 +761,46 @@ class PlacementScorer:
             loads[:, :repeats] += ring[:, None, :]
         return loads, picks
 
-    def _unit_phase_delta(self, kind: str, old: np.ndarray, new: np.ndarray,
+    def _unit_phase_delta(self, kind: str, old: np.ndarray, new: np.ndarray, row: np.ndarray,
                           old_picks: np.ndarray | None
-                          ) -> tuple[np.ndarray | None, Changes | None, np.ndarray | None]:
-        """:meth:`_unit_phase_loads` of ``new`` minus that of ``old`` (``[B, G, S]`` chips,
-        the same groups before and after a swap; ``old_picks``: their table rows), in two
-        parts: the change of the tables' regular phases (``[B, phases, links]``, ``None``
-        for kinds without tables) and the groups whose flows change (:data:`Changes`, for
-        the caller to route into its first phase, or two for an all-reduce; ``None``: none);
-        and the table rows of ``new``.
+                          ) -> tuple[tuple[np.ndarray, np.ndarray] | None, Changes | None,
+                                     np.ndarray | None]:
+        """:meth:`_unit_phase_loads` of groups ``new`` minus that of ``old`` (``[N, S]``
+        chips: a group before and after a swap, in row ``row[i]`` of the batch;
+        ``old_picks``: their table rows), in two parts: the change of the tables' regular
+        phases (rows of the batch and their loads ``[n, phases, links]``; ``None`` where no
+        table row changes) and the groups whose flows change (:data:`Changes`, for the
+        caller to route into its first phase, or two for an all-reduce; ``None``: none); and
+        the table rows of ``new``.
 
-        Only touched groups are passed (``G`` = the touched slots, unused ones equal before
-        and after), and :func:`~aoizora_lab.flow_kernels.route_group_changes` routes only
-        the flows whose ends differ: a swap re-routes the flows of its two moved members,
-        not their whole groups.
+        :func:`~aoizora_lab.flow_kernels.route_group_changes` routes only the flows whose
+        ends differ: a swap re-routes the flows of its two moved members, not their whole
+        groups.
         """
-        batch, num_groups, members = old.shape
-        row = np.repeat(np.arange(batch), num_groups)
-        before, after = old.reshape(-1, members), new.reshape(-1, members)
+        members = old.shape[1]
         if kind in ("collective-permute", "all-to-all"):
             layout = PERMUTE if kind == "collective-permute" else ALL_TO_ALL
             weight = np.full(len(row), 1.0 if layout == PERMUTE else 1.0 / members)
-            return None, (layout, before, after, weight, weight, row), None
+            return None, (layout, old, new, weight, weight, row), None
         shard = gathered_shard(kind, 1.0, members)
-        picks = [old_picks,
-                 self._set_table_rows(after).reshape(batch, num_groups)]
+        new_picks = old_picks.copy()
+        moved = np.nonzero((old != new).any(axis=1))[0]  # else: the same chips in order
+        new_picks[moved] = self._set_table_rows(new[moved])
         table = self._tables[1 if kind == "all-reduce" else 0]
-        rows_of = [np.where(p < 0, self._table_rows, p) for p in picks]
-        loads = np.zeros((batch, table.shape[1], table.shape[2]))
-        for group in range(num_groups):
-            moved = np.nonzero(rows_of[1][:, group] != rows_of[0][:, group])[0]
-            if len(moved):  # a swap inside a group keeps its set, and its table row
-                loads[moved] += (table[rows_of[1][moved, group]]
-                                 - table[rows_of[0][moved, group]])
-        loads *= shard
+        differ = np.nonzero(new_picks != old_picks)[0]
+        phases = None
+        if len(differ):  # irregular sets take the table's last row, zeros
+            rows_of = [np.where(p[differ] < 0, self._table_rows, p[differ])
+                       for p in (old_picks, new_picks)]
+            phases = (row[differ], (table[rows_of[1]] - table[rows_of[0]]) * shard)
         # Irregular groups are one ring in member order (ring_flows' bytes per flow).
         ring = (members - 1) / 2 * shard
-        weights = [np.where(p.ravel() < 0, ring, 0.0) for p in picks]
+        weights = [np.where(p < 0, ring, 0.0) for p in (old_picks, new_picks)]
         some = np.nonzero((weights[0] > 0) | (weights[1] > 0))[0]
         if not len(some):
-            return loads, None, picks[1]
-        return loads, (RING, before[some], after[some], weights[0][some], weights[1][some],
-                       row[some]), picks[1]
+            return phases, None, new_picks
+        return phases, (RING, old[some], new[some], weights[0][some], weights[1][some],
+                        row[some]), new_picks
 
     def _set_table_rows(self, groups: np.ndarray) -> np.ndarray:
         """Each group's row in the phase tables (``groups`` ``[N, members]`` of chips), -1
@@ -826,12 +814,8 @@ class PlacementScorer:
         rows = np.full(len(distinct), -1, dtype=np.int64)
         maybe = np.arange(len(distinct))
         if self.topology.devices_per_chip == 1:
-            # A regular set is every combination of its chips' per-axis positions, so their
-            # distinct positions multiply to its size: most sets a swap makes fail this at
-            # once, without a lookup or working out their layout.
-            coords = np.sort(self.topology.chip_coords[groups[first]], axis=1)
-            positions = 1 + (np.diff(coords, axis=1) != 0).sum(axis=1)
-            maybe = np.nonzero(positions.prod(axis=1) == groups.shape[1])[0]
+            maybe = np.nonzero(maybe_regular(self.topology.chip_coords,
+                                             np.array(self.topology.shape), groups[first]))[0]
         for index in maybe.tolist():
             key = int(distinct[index])
             row = self._set_rows.get(key)
