@@ -30,12 +30,10 @@ bidirectional ring sends ``c[i] -> c[i+1]`` and back, the closing pair included 
 def _add_route(out: np.ndarray, row: int, src: int, dst: int, weight: float, num_chips: int,
                start: np.ndarray, length: np.ndarray, link: np.ndarray,
                fraction: np.ndarray) -> None:
-    """Add the route to every phase of ``out[row]`` (``[rows, phases, links]``)."""
     pair = src * num_chips + dst
     first = start[pair]
     for entry in range(first, first + length[pair]):
-        for phase in range(out.shape[1]):
-            out[row, phase, link[entry]] += weight * fraction[entry]
+        out[row, link[entry]] += weight * fraction[entry]
 
 
 @numba.njit(cache=True)
@@ -43,7 +41,7 @@ def route_flows(out: np.ndarray, src: np.ndarray, dst: np.ndarray, weight: np.nd
                 rows: np.ndarray, num_chips: int, start: np.ndarray, length: np.ndarray,
                 link: np.ndarray, fraction: np.ndarray) -> None:
     """Add flow *i* (``weight[i]`` bytes from chip ``src[i]`` to ``dst[i]``) to the links of
-    its route in row ``rows[i]`` of ``out`` ``[rows, phases, links]``, every phase."""
+    its route in row ``rows[i]`` of ``out`` ``[rows, links]``."""
     for i in range(src.shape[0]):
         _add_route(out, rows[i], src[i], dst[i], weight[i], num_chips, start, length, link,
                    fraction)
@@ -69,10 +67,9 @@ def route_group_changes(out: np.ndarray, layout: int, old: np.ndarray, new: np.n
                         old_weight: np.ndarray, new_weight: np.ndarray, rows: np.ndarray,
                         num_chips: int, start: np.ndarray, length: np.ndarray,
                         link: np.ndarray, fraction: np.ndarray) -> None:
-    """Add to row ``rows[g]`` of ``out`` (``[rows, phases, links]``, every phase) the flows of
-    group ``new[g]`` (member chips, each flow ``new_weight[g]`` bytes) minus those of
-    ``old[g]`` (``old_weight[g]``), in ``layout``; a weight of 0 means the group has no such
-    flows on that side."""
+    """Add to row ``rows[g]`` of ``out`` ``[rows, links]`` the flows of group ``new[g]`` (member
+    chips, each flow ``new_weight[g]`` bytes) minus those of ``old[g]`` (``old_weight[g]``),
+    in ``layout``; a weight of 0 means the group has no such flows on that side."""
     members = old.shape[1]
     for g in range(old.shape[0]):
         row, w_old, w_new = rows[g], old_weight[g], new_weight[g]

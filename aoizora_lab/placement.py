@@ -529,9 +529,11 @@ class PlacementScorer:
                 old[moved_set], new[moved_set], hops[row[moved_set], group[moved_set]])
             parts.append((loads, hops, picks))
         for index, (layout, before, after, weight_before, weight_after, row) in changes:
+            moved = np.zeros((len(orders), self._num_links))  # contiguous: the loop's fastest
+            route_group_changes(moved, layout, before, after, weight_before, weight_after, row,
+                                *self._routes)
             kind = self.structures[index][0]
-            route_group_changes(parts[index][0][:, :2 if kind == "all-reduce" else 1], layout,
-                                before, after, weight_before, weight_after, row, *self._routes)
+            parts[index][0][:, :2 if kind == "all-reduce" else 1] += moved[:, None, :]
         terms = parts
         self._known = {b.tobytes(): self._known[b.tobytes()] for b in bases}
         # The swaps' terms stay in one piece; a swap that becomes a base is cut out then.
@@ -723,10 +725,10 @@ class PlacementScorer:
                     rows: np.ndarray, num_rows: int) -> np.ndarray:
         """Link loads ``[num_rows, links]`` of ``flows``, flow *i* counted in row ``rows[i]``."""
         src, dst, size = flows
-        out = np.zeros((num_rows, 1, self._num_links))
+        out = np.zeros((num_rows, self._num_links))
         route_flows(out, src, dst, np.broadcast_to(np.asarray(size, dtype=np.float64),
                                                    src.shape), rows, *self._routes)
-        return out[:, 0]
+        return out
 
     def _unit_phase_loads(self, kind: str, chips: np.ndarray
                           ) -> tuple[np.ndarray, np.ndarray | None]:

@@ -111,7 +111,7 @@ def test_routed_group_changes_are_the_flows_after_minus_before(layout, members):
     after[1::3] = before[1::3]  # some groups unchanged
     weight_before, weight_after = rng.choice([0.0, 0.5, 2.0], size=(2, 30))
     rows = rng.integers(0, 4, size=30)
-    changed = np.zeros((4, 1, scorer._num_links))
+    changed = np.zeros((4, scorer._num_links))
     route_group_changes(changed, layout, before, after, weight_before, weight_after, rows,
                         *scorer._routes)
 
@@ -127,7 +127,7 @@ def test_routed_group_changes_are_the_flows_after_minus_before(layout, members):
     expected = -scorer._link_loads((src, dst, size), row, 4)
     src, dst, size, row = flows(after, weight_after)
     expected += scorer._link_loads((src, dst, size), row, 4)
-    np.testing.assert_allclose(changed[:, 0], expected, atol=1e-12)
+    np.testing.assert_allclose(changed, expected, atol=1e-12)
     assert np.abs(expected).sum() > 0
 
 
