@@ -352,6 +352,10 @@ each group's longest hop count ``[B, groups]``, and for gathers and reductions e
 row in the phase tables ``[B, groups]`` (-1: irregular; ``None`` for other kinds)."""
 
 
+Kept = tuple[dict[bytes, int], list[Terms]]
+"""Terms a scorer keeps between calls of ``swap_scores``: each order's row, and the terms."""
+
+
 Changes = tuple[int, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 """Groups whose flows a swap changes, as :func:`~aoizora_lab.flow_kernels.route_group_changes`
 takes them: flow layout, member chips before and after ``[N, S]``, bytes per flow before and
@@ -436,11 +440,11 @@ class PlacementScorer:
         self._table_rows = 0
         self._set_hops: dict[int, int] = {}
         # Per structure, the groups each logical position is in (a permute's position is in
-        # two pairs), for swap_scores; and the terms of orders it has seen.
+        # two pairs), for swap_scores; and the terms of the last call's bases and swaps.
         self._groups_holding = [_groups_holding(groups, topology.num_devices)
                                 for _, groups in self.structures]
-        self._known: dict[bytes, list[Terms]] = {}
-        self._last: tuple[dict[bytes, int], list[Terms]] = ({}, [])
+        self._bases: Kept = ({}, [])
+        self._last: Kept = ({}, [])
         self.evaluations = 0
         self.chunk = 256
 
@@ -535,7 +539,6 @@ class PlacementScorer:
             kind = self.structures[index][0]
             parts[index][0][:, :2 if kind == "all-reduce" else 1] += moved[:, None, :]
         terms = parts
-        self._known = {b.tobytes(): self._known[b.tobytes()] for b in bases}
         # The swaps' terms stay in one piece; a swap that becomes a base is cut out then.
         self._last = ({trials[k].tobytes(): k for k in range(len(trials))}, terms)
         return self._price(terms)
@@ -609,26 +612,40 @@ class PlacementScorer:
         return terms
 
     def _base_terms(self, bases: np.ndarray) -> list[Terms]:
-        """:meth:`_terms` of ``bases``, from what earlier calls kept where they can."""
-        swaps, swap_terms = self._last
-        for base in bases:
-            key = base.tobytes()
-            if key not in self._known and key in swaps:
-                self._known[key] = _row_terms(swap_terms, swaps[key])
-        missing = [b for b in bases if b.tobytes() not in self._known]
-        if missing:
-            fresh = self._terms(np.array(missing))
-            for k, base in enumerate(missing):
-                self._known[base.tobytes()] = _row_terms(fresh, k)
-        per_base = [self._known[b.tobytes()] for b in bases]
+        """:meth:`_terms` of ``bases``, from what earlier calls kept where they can: the
+        bases of the last call (a chain that stayed) and its swaps (a chain that moved); the
+        rest are priced afresh. Kept as this call's bases."""
+        keys = [base.tobytes() for base in bases]
+        sources = [self._bases, self._last]
+        source = np.full(len(bases), len(sources), dtype=np.int64)
+        row = np.zeros(len(bases), dtype=np.int64)
+        for m, key in enumerate(keys):
+            for s, (rows, _) in enumerate(sources):
+                if key in rows:
+                    source[m], row[m] = s, rows[key]
+                    break
+        missing = np.nonzero(source == len(sources))[0]
+        if len(missing):
+            sources.append(({}, self._terms(bases[missing])))
+            row[missing] = np.arange(len(missing))
+        used = [(np.nonzero(source == s)[0], terms) for s, (_, terms) in enumerate(sources)
+                if (source == s).any()]
         terms = []
         for index in range(len(self.structures)):
-            parts = [entry[index] for entry in per_base]
-            phases = max(part[0].shape[1] for part in parts)
-            picks = (None if parts[0][2] is None
-                     else np.concatenate([part[2] for part in parts]))
-            terms.append((np.concatenate([_pad_phases(part[0], phases) for part in parts]),
-                          np.concatenate([part[1] for part in parts]), picks))
+            phases = max(kept[index][0].shape[1] for _, kept in used)
+            _, some_hops, some_picks = used[0][1][index]
+            loads = np.empty((len(bases), phases, self._num_links))
+            hops = np.empty((len(bases), some_hops.shape[1]), dtype=some_hops.dtype)
+            picks = None if some_picks is None else np.empty(
+                (len(bases), some_picks.shape[1]), dtype=some_picks.dtype)
+            for where, kept in used:
+                kept_loads, kept_hops, kept_picks = kept[index]
+                loads[where] = _pad_phases(kept_loads[row[where]], phases)
+                hops[where] = kept_hops[row[where]]
+                if picks is not None:
+                    picks[where] = kept_picks[row[where]]
+            terms.append((loads, hops, picks))
+        self._bases = ({key: m for m, key in enumerate(keys)}, terms)
         return terms
 
     def _touched_groups(self, index: int, first: np.ndarray, second: np.ndarray
@@ -852,12 +869,6 @@ def _longest(distances: np.ndarray, chips: np.ndarray) -> np.ndarray:
     """The largest of ``distances`` between any two of each group's ``chips`` (``[..., S]``)."""
     pairs = distances[chips[..., :, None], chips[..., None, :]]
     return pairs.reshape(*chips.shape[:-1], -1).max(axis=-1)
-
-
-def _row_terms(terms: list[Terms], k: int) -> list[Terms]:
-    """Order ``k``'s part (one row, views) of a batch's per-structure terms."""
-    return [tuple(None if part is None else part[k:k + 1] for part in term)
-            for term in terms]
 
 
 def _grown(table: np.ndarray, rows: int, phases: int, used: int) -> np.ndarray:
