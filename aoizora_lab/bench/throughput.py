@@ -118,8 +118,9 @@ def throughput_markdown(table: pd.DataFrame, evaluations: int) -> str:
 
     return "\n\n".join([
         "## Placement throughput",
-        "Placements scored per second by `PlacementScorer` (one core, numpy) on the search's "
-        "own workload: every structured placement, then the local search "
+        "Placements scored per second by `PlacementScorer` (one core; numpy, its inner loops "
+        "compiled by numba) on the search's own workload: every structured placement, then "
+        "the local search "
         f"(`placement.anneal`) from the best {LOCAL_SEARCH_STARTS}, {LOCAL_SEARCH_CHAINS} "
         f"chains each, {SWAPS_PER_STEP} swaps per chain and step "
         f"priced by `swap_scores`, at least {evaluations:,} evaluations per case; programs "
