@@ -13,19 +13,20 @@ a batch of placements with numpy:
    once: a Wan step's hundreds of HLO collectives become a dozen *structures*;
 2. routing is linear too, so a transfer adds its bytes to the links of its route in the
    model's :func:`~aoizora_lab.comm_model.route_matrix` (kept as one run of (link,
-   fraction) entries per chip pair): a batch of all-to-alls, permutes and irregular rings
-   (whose flows follow the members' order) becomes one bincount over their route entries;
+   fraction) entries per chip pair): a compiled loop (:mod:`aoizora_lab.flow_kernels`) adds
+   each flow's bytes to the links of its route;
 3. a *regular* group (a line, a block) runs per-axis physical rings whatever its members'
    order, so its per-phase loads are worked out once per chip set (keyed by a hash of the
    set) and gathered from a table after that;
 4. a local search moves by swapping two positions, and only the groups holding them change:
    :meth:`PlacementScorer.swap_scores` re-prices those groups against the kept loads of the
-   order they came from.
+   order they came from, routing only the flows whose ends the swap moves.
 
 Throughput (placements per second on one core, ``benchmarks/placement_throughput.py``, the
-table in ``reports/benchmarks.md``): about 67,000 at 8 chips, 23,000 at 16, 11,000 at 64 and
-2,800 at 256 with a Wan 14B program, the swap scoring 2-3x faster than whole placements at 64
-and 256 chips (most of what is left is per-structure work per call and dense link vectors).
+table in ``reports/benchmarks.md``): about 94,000 at 8 chips, 41,000 at 16, 21,000 at 64 and
+5,900 at 256 with a Wan 14B program, the swap scoring 2.6x faster than whole placements at 64
+chips and 4.6x at 256 (what is left is mostly per-structure numpy work per call and dense
+link vectors).
 
 **Symmetry** (:func:`symmetries`): mirrors of each axis, swaps of equal axes with equal wrap,
 and translations along wrapped axes map the slice onto itself and leave every score unchanged;
