@@ -11,7 +11,8 @@ A swap of the local search changes the flows of the few groups holding a swapped
 those that differ, without building either flow list. Example: on ``v5e:8x8`` a swap in an
 8-way all-to-all changes 28 of the group's 56 flows; a call of the search (160 swaps) routes
 ~22,000 of them over ~160,000 route entries. Measured on 14B@720p ``cfg2-uly8-ring4-fsdp``
-(64 chips), the search's placements per second went from 13.2k to 20k+ with these loops.
+(64 chips), the search's placements per second went from 12.0k to 21.4k with these loops and
+the bookkeeping around them (``reports/benchmarks.md``).
 """
 
 from __future__ import annotations
