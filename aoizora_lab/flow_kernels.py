@@ -9,10 +9,11 @@ their own and then summed with a bincount; here one loop adds each entry where i
 A swap of the local search changes the flows of the few groups holding a swapped position:
 :func:`route_group_changes` walks each such group's flows before and after and routes only
 those that differ, without building either flow list. Example: on ``v5e:8x8`` a swap in an
-8-way all-to-all changes 28 of the group's 56 flows; a call of the search (160 swaps) routes
-~22,000 of them over ~160,000 route entries. Measured on 14B@720p ``cfg2-uly8-ring4-fsdp``
-(64 chips), the search's placements per second went from 12.0k to 21.4k with these loops and
-the bookkeeping around them (``reports/benchmarks.md``).
+8-way all-to-all changes the 14 of the group's 56 flows that start or end at the moved
+member (each taken off its old route and put on its new one); a call of the search (160
+swaps) routes ~22,000 flows over ~160,000 route entries. Measured on 14B@720p
+``cfg2-uly8-ring4-fsdp`` (64 chips), the search's placements per second went from 12.0k to
+21.4k with these loops and the bookkeeping around them (``reports/benchmarks.md``).
 """
 
 from __future__ import annotations
