@@ -659,7 +659,8 @@ class Headline:
     strategy_candidate: str = ""
     """The best compiled candidate (with its flags) in plain device order."""
     strategy_s: float = math.nan
-    """Its step in plain order: the sharding choice alone, without placement."""
+    """Its step in plain order: the sharding choice without placement search (against the
+    best system in its own library order, so that order's cost counts here too)."""
 
     @property
     def best_system_s(self) -> float:

@@ -130,10 +130,12 @@ class PlanQuality:
             "**Where the gain comes from.** *Placement gain*: the plan's own compiled program "
             "in plain device order, where `jax.make_mesh` and where "
             "`mesh_utils.create_device_mesh` put it, over its best placement (NaN: the "
-            "library refuses the mesh). *Strategy gain*: the best existing system over the "
-            "best compiled candidate (and flags) of the search in plain device order: what "
-            "the choice of sharding alone buys. These are ablations of the plan, not "
-            "baselines.",
+            "library refuses the mesh). *Strategy gain*: the best existing system (in its "
+            "own device order) over the best compiled candidate (and flags) of the search in "
+            "plain device order: what the choice of sharding buys, plus whatever the "
+            "system's own device order costs against plain order (where the best system "
+            "runs the plan's own candidate, the whole column is its library's device "
+            "order). These are ablations of the plan, not baselines.",
             markdown_table(gains),
             "What each existing system built (its chosen setup, in its own words and ours):",
             markdown_table(self.baselines.reindex(columns=[
