@@ -28,7 +28,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("ir", "ir_estimate"),
     ("prune",),
     ("compile", "compile_worker"),
-    ("placement",),
+    ("placement", "flow_kernels"),
     ("realize",),
     ("baselines",),
     ("planner",),
