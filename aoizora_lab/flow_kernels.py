@@ -103,10 +103,10 @@ lookups at 64, a few microseconds); larger sets are worked out once each by thei
 def moved_longest(distances: np.ndarray, old: np.ndarray, new: np.ndarray,
                   old_hops: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Longest distance within each group ``new[g]`` (member chips), which is ``old[g]``
-    (longest distance ``old_hops[g]``) with at most one member's chip changed; and where
-    where it is left to the caller (``again``: the chip that left was in a longest pair of
-    ``old[g]`` and the group has over :data:`SCAN_MEMBERS` members; the caller works out
-    such sets once each).
+    (longest distance ``old_hops[g]``) with at most one member's chip changed; and where it
+    is left to the caller (``again``: the chip that left was in a longest pair of ``old[g]``
+    and the group has over :data:`SCAN_MEMBERS` members; the caller works out such sets once
+    each).
 
     When the chip that leaves is nearer than ``old_hops[g]`` to every other member, the
     others keep their longest pair, and only the distances to the chip that comes in are
