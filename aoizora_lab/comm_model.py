@@ -490,7 +490,13 @@ def ring_flows(rings: np.ndarray, held: float) -> Flows:
     successor = np.roll(rings, -1, axis=-1)
     src = np.concatenate([rings, successor], axis=-1).ravel()
     dst = np.concatenate([successor, rings], axis=-1).ravel()
-    return src, dst, np.full(src.size, (n - 1) / 2 * held)
+    return src, dst, np.full(src.size, ring_flow_bytes(n, held))
+
+
+def ring_flow_bytes(members: int, held: float) -> float:
+    """Bytes of each flow of :func:`ring_flows`: a member sends ``(n-1)/2`` of ``held`` each
+    way."""
+    return (members - 1) / 2 * held
 
 
 def standard_collectives(mesh_shape: Sequence[int], result_bytes: float) -> list[Collective]:

@@ -62,6 +62,7 @@ from aoizora_lab.comm_model import (
     gathered_shard,
     group_layout,
     intra_chip_slots,
+    ring_flow_bytes,
     ring_flows,
     route_matrix,
 )
@@ -813,8 +814,8 @@ class PlacementScorer:
             rows_of = [np.where(p[differ] < 0, self._table_rows, p[differ])
                        for p in (old_picks, new_picks)]
             phases = (row[differ], (table[rows_of[1]] - table[rows_of[0]]) * shard)
-        # Irregular groups are one ring in member order (ring_flows' bytes per flow).
-        ring = (members - 1) / 2 * shard
+        # Irregular groups are one ring in member order.
+        ring = ring_flow_bytes(members, shard)
         weights = [np.where(p < 0, ring, 0.0) for p in (old_picks, new_picks)]
         some = np.nonzero((weights[0] > 0) | (weights[1] > 0))[0]
         if not len(some):
