@@ -501,6 +501,24 @@ def read_entry(entry: Path) -> dict[str, Any] | None:
         return None
 
 
+def merge_cache(source: str | Path, target: str | Path) -> int:
+    """Copy into the compile cache folder ``target`` the entries of ``source`` it lacks
+    (whole, through :func:`write_entry`); returns how many. Entries are keyed by the whole
+    job, so any cache's entry is valid in any other: a cold run's compiles in a temporary
+    folder can be kept."""
+    copied = 0
+    for entry in Path(source).iterdir():
+        if not (entry / "meta.json").exists() or (Path(target) / entry.name).exists():
+            continue
+        meta = read_entry(entry)
+        if meta is not None:
+            hlo = Path(meta.pop("hlo_path", entry / "hlo.txt"))
+            meta.pop("hlo_sha256", None)
+            write_entry(Path(target) / entry.name, meta, hlo)
+            copied += 1
+    return copied
+
+
 def program_at_depth(hlo_text: str, num_devices: int, num_layers: int | None,
                      model_layers: int) -> CommProgram:
     """The :class:`CommProgram` of a compile ``num_layers`` deep (``None``: the model's depth),

@@ -5,7 +5,7 @@ import pytest
 
 import aoizora_lab as az
 from aoizora_lab.candidates import Candidate
-from aoizora_lab.compile import compile_candidates, compile_workers, read_entry
+from aoizora_lab.compile import compile_candidates, compile_workers, merge_cache, read_entry
 
 TINY = az.WanConfig(dim=64, ffn_dim=128, num_heads=8, num_layers=4, text_dim=32, text_len=8,
                     freq_dim=32)
@@ -53,6 +53,18 @@ def test_a_corrupted_cache_entry_is_recompiled(host, tmp_path):
     assert read_entry(first.hlo_path.parent) is None  # detected and removed
     [again] = compile_candidates(_candidates()[:1], WORKLOAD, host, cache_dir=tmp_path)
     assert again.status == "ok" and not again.cached and again.program == first.program
+
+
+@pytest.mark.slow
+def test_merged_entries_are_cache_hits_in_the_target(host, tmp_path):
+    source, target = tmp_path / "cold", tmp_path / "kept"
+    [first] = compile_candidates(_candidates()[:1], WORKLOAD, host, cache_dir=source)
+    (source / "ir").mkdir()  # what else a cache root holds is not an entry
+    assert merge_cache(source, target) == 1
+    assert merge_cache(source, target) == 0  # what the target has is left alone
+    [again] = compile_candidates(_candidates()[:1], WORKLOAD, host, cache_dir=target)
+    assert again.cached and again.program == first.program
+    assert again.compile_seconds == first.compile_seconds  # the compile's own time, kept
 
 
 def test_a_hang_past_the_timeout_is_recorded(host, tmp_path, monkeypatch):
