@@ -52,6 +52,7 @@ from typing import TYPE_CHECKING, Any
 from aoizora_lab.candidates import Candidate
 from aoizora_lab.errors import AoizoraError, is_whole
 from aoizora_lab.hlo import CommProgram, parse_hlo
+from aoizora_lab.progress import duration
 from aoizora_lab.progress import note as progress_note
 from aoizora_lab.records import Records
 from aoizora_lab.topology import Topology
@@ -254,15 +255,20 @@ def compile_candidates(candidates: Sequence[Candidate], workload: Workload, topo
         _seen_host_peak(cache, sweep), _available_memory(), _usable_cpus(),
         what=f"{workload.name} on {topology.name} at {num_layers or model.num_layers} layers"))
     try:
+        start, compiled = time.monotonic(), 0
         futures = {pool.submit(run_job, job, str(cache), timeout_s): c
                    for job, c in zip(jobs, candidates, strict=True)}
         for done, future in enumerate(cf.as_completed(futures), 1):
             outcome = future.result()
             if not outcome.get("cached"):  # a cached one takes no time worth a line
+                compiled += 1
+                # The pace so far (workers overlap) for the rest: at most, cached ones are free.
+                left = (time.monotonic() - start) / compiled * (len(jobs) - done)
                 progress_note(f"compile {done} of {len(jobs)} ({workload.name} on "
                               f"{topology.name}): {futures[future].name} ({flags.label} "
                               f"flags) {outcome['status']} in "
-                              f"{float(outcome.get('compile_seconds', 0.0)):.0f} s")
+                              f"{float(outcome.get('compile_seconds', 0.0)):.0f} s"
+                              + (f"; about {duration(left)} left" if done < len(jobs) else ""))
         raw = [f.result() for f in futures]
     finally:
         if own:

@@ -7,7 +7,7 @@ quiet; the command line has its own bars). The report runner (:mod:`aoizora_lab.
 turns it on for its kernels, forwards the marked lines to its terminal and leaves them out of
 the published pages. Example, a cold ``03_compile``::
 
-    [aoizora-lab] compile 2 of 6: cfg2-uly4 (default flags) ok in 41 s
+    [aoizora-lab] compile 2 of 6: cfg2-uly4 (default flags) ok in 41 s; about 1.4 min left
 """
 
 from __future__ import annotations
@@ -29,6 +29,11 @@ def enabled() -> bool:
     if setting is not None:
         return setting.strip() not in ("", "0")
     return "ipykernel" in sys.modules
+
+
+def duration(seconds: float) -> str:
+    """``41 s``, or ``1.4 min`` from 90 s on: a wait as a person reads it."""
+    return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.1f} min"
 
 
 def note(message: str) -> None:

@@ -52,7 +52,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from aoizora_lab.errors import AoizoraError
 from aoizora_lab.notebook import RECORD_MIMETYPE, check_library_parameters
 from aoizora_lab.progress import MARKER as PROGRESS_MARKER
-from aoizora_lab.progress import PROGRESS_ENV
+from aoizora_lab.progress import PROGRESS_ENV, duration
 from aoizora_lab.versions import environment_variable
 
 if TYPE_CHECKING:
@@ -378,18 +378,18 @@ class _Progress:
         """``remaining``: this notebook and those after it."""
         facts = []
         if (report, notebook) in self.earlier:
-            facts.append(f"last time {_duration(self.earlier[report, notebook])}")
+            facts.append(f"last time {duration(self.earlier[report, notebook])}")
         known = [self.earlier[r] for r in remaining if r in self.earlier]
         if known:
             unknown = len(remaining) - len(known)
-            facts.append(f"about {_duration(sum(known))} left" if not unknown else
-                         f"over {_duration(sum(known))} left ({unknown} never run here)")
+            facts.append(f"about {duration(sum(known))} left" if not unknown else
+                         f"over {duration(sum(known))} left ({unknown} never run here)")
         self._line(f"[{index + 1}/{self.total}] {report} / {notebook}: running"
                    + (f" ({'; '.join(facts)})" if facts else ""))
 
     def finish(self, run: NotebookRun) -> None:
-        self._line(f"    {run.status} in {_duration(run.seconds)} "
-                   f"({_duration(time.perf_counter() - self.began)} so far)"
+        self._line(f"    {run.status} in {duration(run.seconds)} "
+                   f"({duration(time.perf_counter() - self.began)} so far)"
                    + (f": {_first_line(run.error)}" if run.error else ""))
 
     # papermill writes the kernel's stderr here (``stderr_file``): forward progress lines only.
@@ -400,10 +400,6 @@ class _Progress:
 
     def flush(self) -> None:
         sys.stderr.flush()
-
-
-def _duration(seconds: float) -> str:
-    return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.1f} min"
 
 
 def _earlier_seconds(out_dir: Path) -> dict[tuple[str, str], float]:

@@ -1,4 +1,5 @@
 import json
+import re
 
 import jax
 import pytest
@@ -65,6 +66,18 @@ def test_merged_entries_are_cache_hits_in_the_target(host, tmp_path):
     [again] = compile_candidates(_candidates()[:1], WORKLOAD, host, cache_dir=target)
     assert again.cached and again.program == first.program
     assert again.compile_seconds == first.compile_seconds  # the compile's own time, kept
+
+
+@pytest.mark.slow
+def test_each_compile_says_how_long_the_sweep_has_left(host, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("AOIZORA_LAB_PROGRESS", "1")
+    compile_candidates(_candidates()[:2], WORKLOAD, host, cache_dir=tmp_path)
+    lines = [line for line in capsys.readouterr().err.splitlines() if "compile " in line]
+    assert len(lines) == 2
+    assert re.search(r"compile 1 of 2 .* ok in \d+ s; about \d+ s left$", lines[0]), lines
+    assert lines[1].endswith(" s") and "left" not in lines[1]  # the last one has nothing left
+    compile_candidates(_candidates()[:2], WORKLOAD, host, cache_dir=tmp_path)
+    assert "compile " not in capsys.readouterr().err  # cached: nothing worth a line
 
 
 def test_a_hang_past_the_timeout_is_recorded(host, tmp_path, monkeypatch):
