@@ -63,6 +63,7 @@ from aoizora_lab.versions import (
     program_versions,
     write_atomically,
 )
+from aoizora_lab.workers import usable_cpus
 from aoizora_lab.workload import Workload
 
 if TYPE_CHECKING:
@@ -252,7 +253,7 @@ def compile_candidates(candidates: Sequence[Candidate], workload: Workload, topo
     sweep = _sweep_key(jobs[0]) if jobs else ""
     own = executor is None
     pool = executor or cf.ThreadPoolExecutor(max_workers=compile_workers(
-        _seen_host_peak(cache, sweep), _available_memory(), _usable_cpus(),
+        _seen_host_peak(cache, sweep), _available_memory(), usable_cpus(),
         what=f"{workload.name} on {topology.name} at {num_layers or model.num_layers} layers"))
     try:
         start, compiled = time.monotonic(), 0
@@ -276,14 +277,6 @@ def compile_candidates(candidates: Sequence[Candidate], workload: Workload, topo
     _record_host_peak(cache, sweep, [r.get("host_peak_bytes", math.nan) for r in raw])
     return Compiles(_result(c, r, model.num_layers, num_layers, flags) for c, r in
                     zip(candidates, raw, strict=True))
-
-
-def _usable_cpus() -> int:
-    """CPUs this process may run on (``taskset`` / a container's CPU set), not the machine's."""
-    try:
-        return len(os.sched_getaffinity(0)) or 1
-    except AttributeError:  # no affinity call on this platform
-        return os.cpu_count() or 1
 
 
 HOST_MEMORY_FILE = ".host_memory.json"

@@ -82,7 +82,7 @@ from aoizora_lab.hardware import ChipSpec, device_spec
 from aoizora_lab.hlo import CommProgram
 from aoizora_lab.records import Records
 from aoizora_lab.topology import Topology
-from aoizora_lab.versions import fingerprint, memoized
+from aoizora_lab.versions import fingerprint, is_memoized, memoized
 
 
 @dataclass(frozen=True)
@@ -1101,9 +1101,22 @@ def rank_placements(program: CommProgram, candidate: Candidate, topology: Topolo
                        for s in found[:top]).ranked()
 
     # Deterministic (seeded search), so a warm plan reads it back: ~2 s per 14B program.
-    return memoized("placement", (fingerprint(program), candidate, topology.cache_key,
-                                  device_spec(topology), budget, top, flags),
+    return memoized("placement", _ranking_key(program, candidate, topology, budget, top, flags),
                     search, sources=RANKING_SOURCES)
+
+
+def is_ranked(program: CommProgram, candidate: Candidate, topology: Topology, *,
+              budget: int = 20_000, top: int = TOP_PLACEMENTS,
+              flags: CompilerFlags = DEFAULT_FLAGS) -> bool:
+    """Whether :func:`rank_placements` with these arguments reads a stored ranking."""
+    return is_memoized("placement", _ranking_key(program, candidate, topology, budget, top,
+                                                 flags), sources=RANKING_SOURCES)
+
+
+def _ranking_key(program: CommProgram, candidate: Candidate, topology: Topology, budget: int,
+                 top: int, flags: CompilerFlags) -> tuple[Any, ...]:
+    return (fingerprint(program), candidate, topology.cache_key, device_spec(topology), budget,
+            top, flags)
 
 
 RANKING_SOURCES = ("placement.py", "flow_kernels.py", "comm_model.py", "cost.py", "topology.py",

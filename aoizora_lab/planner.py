@@ -35,6 +35,7 @@ from aoizora_lab.baselines import (
 )
 from aoizora_lab.candidates import Candidate, CandidateSpace, explain_candidates
 from aoizora_lab.compile import (
+    CompiledCandidate,
     CompilerFlags,
     Compiles,
     check_compilable,
@@ -46,12 +47,19 @@ from aoizora_lab.cost import breakdown, predict
 from aoizora_lab.errors import AoizoraError, is_whole
 from aoizora_lab.hlo import CommProgram
 from aoizora_lab.ir_estimate import IRCacheDir
-from aoizora_lab.placement import TOP_PLACEMENTS, Ranking, plain_order, rank_placements
+from aoizora_lab.placement import (
+    TOP_PLACEMENTS,
+    Ranking,
+    is_ranked,
+    plain_order,
+    rank_placements,
+)
 from aoizora_lab.progress import Ticker
 from aoizora_lab.progress import note as progress_note
 from aoizora_lab.prune import Pruning, prune
 from aoizora_lab.realize import Plan
 from aoizora_lab.topology import Topology
+from aoizora_lab.workers import run_in_workers, usable_cpus
 from aoizora_lab.workload import Workload
 
 if TYPE_CHECKING:
@@ -236,15 +244,9 @@ def plan(workload: Workload, topology: Topology, *, keep: int = 3, budget: int =
                                        {r.key: r for r in compiled}, compile, compare=compare)
     programs = [*compiled.ok, *(r for r in added if r.status == "ok")]
     stage("baselines", f"searching placements of {len(programs)} compiled programs")
-    ticker = Ticker()
-
-    def placed(index: int, compiled: Any) -> Ranking:
-        ticker.note(f"plan {workload.name} on {topology.name}: placed {index} of "
-                    f"{len(programs)} programs")
-        return rank_placements(compiled.program, compiled.candidate, topology, budget=budget,
-                               top=top_placements, flags=compiled.flags)
-
-    ranking = Ranking(entry for i, r in enumerate(programs) for entry in placed(i, r)).ranked()
+    ranking = Ranking(entry for ranked in _rank_programs(programs, topology, budget,
+                                                         top_placements, workload.name)
+                      for entry in ranked).ranked()
     by_key = {r.key: r for r in programs}
     top = ranking[0]
     program = by_key[(top.candidate.name, top.flags.label)].program
@@ -257,6 +259,39 @@ def plan(workload: Workload, topology: Topology, *, keep: int = 3, budget: int =
     return PlanResult(space, pruning, compiled, ranking,
                       Baselines(baselines, plan_s=best.predicted.total_s), Compiles(added),
                       searched, best, headline(best, baselines, programs), skipped)
+
+
+def _rank_programs(programs: Sequence[CompiledCandidate], topology: Topology, budget: int,
+                   top: int, what: str) -> list[Ranking]:
+    """:func:`rank_placements` of each compiled program, in order. The searches not stored
+    yet run side by side in worker processes (:func:`run_in_workers`) where the slice can be
+    rebuilt there (libtpu's deviceless devices by name, or a simulated slice); then every
+    ranking is read here, so a warm plan starts no process."""
+    todo = [r for r in programs if not is_ranked(r.program, r.candidate, topology,
+                                                 budget=budget, top=top, flags=r.flags)]
+    portable = (topology.name if topology.source == "libtpu deviceless"
+                else topology if topology.devices is None else None)
+    if portable is not None and len(todo) > 1 and usable_cpus() > 1:
+        progress_note(f"plan {what} on {topology.name}: placing {len(todo)} programs in "
+                      f"{min(usable_cpus(), len(todo))} processes")
+        run_in_workers(_rank_in_worker, [(portable, r.program, r.candidate, budget, top,
+                                          r.flags) for r in todo])
+    ticker = Ticker()
+    rankings = []
+    for index, r in enumerate(programs):
+        ticker.note(f"plan {what} on {topology.name}: placed {index} of {len(programs)} "
+                    "programs")
+        rankings.append(rank_placements(r.program, r.candidate, topology, budget=budget,
+                                        top=top, flags=r.flags))
+    return rankings
+
+
+def _rank_in_worker(topology: Topology | str, program: CommProgram, candidate: Candidate,
+                    budget: int, top: int, flags: CompilerFlags) -> None:
+    """In a worker process: store the ranking (:func:`_rank_programs` reads it back)."""
+    if isinstance(topology, str):
+        topology = Topology.from_name(topology, deviceless=True)
+    rank_placements(program, candidate, topology, budget=budget, top=top, flags=flags)
 
 
 def _compile_flag_sets(kept: list[Candidate], flag_sets: list[CompilerFlags],

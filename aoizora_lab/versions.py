@@ -116,6 +116,16 @@ def fingerprint(value: object) -> str:
     return result
 
 
+def _memo_path(kind: str, key: object, sources: Sequence[str]) -> Path:
+    return cache_root() / kind / f"{digest(repr((key, program_versions(sources))))}.pkl"
+
+
+def is_memoized(kind: str, key: object, *, sources: Sequence[str] = ()) -> bool:
+    """Whether :func:`memoized` with these arguments would read a stored value (or try to:
+    a damaged entry is still recomputed there). Lets a caller send only the rest to workers."""
+    return _memo_path(kind, key, sources).exists()
+
+
 def memoized(kind: str, key: object, compute: Callable[[], T], *,
              sources: Sequence[str] = ()) -> T:
     """``compute()``, kept on disk under ``cache_root()/kind`` and read back for the same
@@ -125,7 +135,7 @@ def memoized(kind: str, key: object, compute: Callable[[], T], *,
     Example: ``memoized("program", (hlo_sha256, depth), parse, sources=["hlo.py"])`` parses a
     compile's HLO once; an edit of ``hlo.py`` is a miss. A damaged entry is recomputed.
     """
-    path = cache_root() / kind / f"{digest(repr((key, program_versions(sources))))}.pkl"
+    path = _memo_path(kind, key, sources)
     try:
         return pickle.loads(path.read_bytes())
     except OSError:  # not there (or no cache folder to read): compute it

@@ -15,7 +15,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "aoizora_lab"
 
 LAYERS: tuple[tuple[str, ...], ...] = (
     # foundations: no pipeline knowledge
-    ("errors", "versions", "deviceless", "hardware", "records", "flops", "progress"),
+    ("errors", "versions", "deviceless", "hardware", "records", "flops", "progress", "workers"),
     ("topology",),
     ("comm_model",),
     ("models", "models.attention", "models.safetensors_io", "models.parallel", "models.wan"),

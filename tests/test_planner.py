@@ -150,3 +150,35 @@ def test_further_flag_sets_compile_only_candidates_that_could_still_win(tmp_path
     assert all(s.candidate.name in s.reason and "maxdiffusion-ulysses" in s.reason
                for s in skipped)
     assert len(compiled) == len(kept) + len(again)
+
+
+@pytest.mark.slow  # compiles in child processes
+def test_placement_searches_in_worker_processes_store_the_serial_rankings(tmp_path,
+                                                                          monkeypatch):
+    from aoizora_lab import planner, workers
+    from aoizora_lab.candidates import explain_candidates
+    from aoizora_lab.compile import compile_candidates
+    from aoizora_lab.placement import is_ranked, rank_placements
+    from aoizora_lab.versions import cache_root_at
+
+    topology = az.Topology.from_name("v5e:2x4", deviceless=True)
+    kept = list(explain_candidates(WORKLOAD, topology).valid)[::6]
+    programs = compile_candidates(kept, WORKLOAD, topology, cache_dir=tmp_path / "compile").ok
+    assert len(programs) > 2
+    started = []
+    monkeypatch.setattr(workers, "usable_cpus", lambda: 2)
+    monkeypatch.setattr(planner, "usable_cpus", lambda: 2)
+    monkeypatch.setattr(planner, "run_in_workers",
+                        lambda f, calls: started.append(len(calls)) or workers.run_in_workers(
+                            f, calls))
+    with cache_root_at(tmp_path / "parallel"):
+        rankings = planner._rank_programs(programs, topology, 300, 3, WORKLOAD.name)
+        assert started == [len(programs)]  # every search went to the workers ...
+        assert all(is_ranked(r.program, r.candidate, topology, budget=300, top=3,
+                             flags=r.flags) for r in programs)  # ... which stored them
+        planner._rank_programs(programs, topology, 300, 3, WORKLOAD.name)
+        assert started == [len(programs)]  # warm: no process started
+    with cache_root_at(tmp_path / "serial"):
+        serial = [rank_placements(r.program, r.candidate, topology, budget=300, top=3,
+                                  flags=r.flags) for r in programs]
+    assert [list(r) for r in rankings] == [list(r) for r in serial]

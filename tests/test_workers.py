@@ -1,0 +1,24 @@
+import math
+import os
+
+import pytest
+
+from aoizora_lab.errors import AoizoraError
+from aoizora_lab.workers import run_in_workers
+
+
+def test_results_come_back_in_call_order_from_several_processes():
+    calls = [(2.0, float(i)) for i in range(7)]
+    assert run_in_workers(math.pow, calls, workers=3) == [2.0**i for i in range(7)]
+    assert run_in_workers(os.getpid, [()] * 4, workers=2) != [os.getpid()] * 4  # elsewhere
+    assert run_in_workers(os.getpid, [()], workers=2) == [os.getpid()]  # one call: here
+
+
+def test_a_call_that_raises_raises_here():
+    with pytest.raises(ValueError, match="math domain error"):
+        run_in_workers(math.sqrt, [(4.0,), (-1.0,), (9.0,)], workers=2)
+
+
+def test_a_worker_that_dies_is_named_with_its_exit_status():
+    with pytest.raises(AoizoraError, match="exit status 3"):
+        run_in_workers(os._exit, [(3,), (3,)], workers=2)
