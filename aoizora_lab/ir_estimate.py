@@ -106,15 +106,8 @@ def estimate_ir(candidate: Candidate, workload: Workload, topology: Topology, *,
     model = workload.config()
     if num_layers is not None:
         model = model.with_layers(num_layers)
-    entry = None
-    if cache_dir is not False:
-        job = {"candidate": candidate.name, "attention": candidate.attention,
-               "model": dataclasses.asdict(model), "dtype": jnp.dtype(dtype).name,
-               "workload": {k: v for k, v in dataclasses.asdict(workload).items()
-                            if k != "model"},
-               "versions": program_versions(_TRACE_SOURCES)}
-        key = digest(json.dumps(job, sort_keys=True))
-        entry = Path(cache_dir or cache_root() / "ir") / f"{key}.json"
+    entry = _trace_entry(candidate, workload, dtype, num_layers, cache_dir)
+    if entry is not None:
         cached = _read_counts(entry)
         if cached is not None:
             counts, trace_seconds = cached
@@ -136,6 +129,30 @@ def estimate_ir(candidate: Candidate, workload: Workload, topology: Topology, *,
     if entry is not None:
         _write_counts(entry, counts, trace_seconds)
     return _bounds(candidate, counts, topology, trace_seconds, keep=entry is not None)
+
+
+def is_traced(candidate: Candidate, workload: Workload, *, dtype: Any = None,
+              num_layers: int | None = None, cache_dir: IRCacheDir = None) -> bool:
+    """Whether :func:`estimate_ir` with these arguments reads its trace from the cache."""
+    entry = _trace_entry(candidate, workload, dtype or jnp.bfloat16, num_layers, cache_dir)
+    return entry is not None and entry.exists()
+
+
+def _trace_entry(candidate: Candidate, workload: Workload, dtype: Any,
+                 num_layers: int | None, cache_dir: IRCacheDir) -> Path | None:
+    """The cache file of a trace (``None``: the cache is off)."""
+    if cache_dir is False:
+        return None
+    model = workload.config()
+    if num_layers is not None:
+        model = model.with_layers(num_layers)
+    job = {"candidate": candidate.name, "attention": candidate.attention,
+           "model": dataclasses.asdict(model), "dtype": jnp.dtype(dtype).name,
+           "workload": {k: v for k, v in dataclasses.asdict(workload).items()
+                        if k != "model"},
+           "versions": program_versions(_TRACE_SOURCES)}
+    key = digest(json.dumps(job, sort_keys=True))
+    return Path(cache_dir or cache_root() / "ir") / f"{key}.json"
 
 
 def _write_counts(entry: Path, counts: IRCounts, trace_seconds: float) -> None:

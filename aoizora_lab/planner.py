@@ -19,6 +19,7 @@ existing systems, from placement, from the sharding strategy.
 from __future__ import annotations
 
 import concurrent.futures as cf
+import contextlib
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -269,13 +270,14 @@ def _rank_programs(programs: Sequence[CompiledCandidate], topology: Topology, bu
     ranking is read here, so a warm plan starts no process."""
     todo = [r for r in programs if not is_ranked(r.program, r.candidate, topology,
                                                  budget=budget, top=top, flags=r.flags)]
-    portable = (topology.name if topology.source == "libtpu deviceless"
-                else topology if topology.devices is None else None)
-    if portable is not None and len(todo) > 1 and usable_cpus() > 1:
+    if topology.portable and len(todo) > 1 and usable_cpus() > 1:
         progress_note(f"plan {what} on {topology.name}: placing {len(todo)} programs in "
                       f"{min(usable_cpus(), len(todo))} processes")
-        run_in_workers(_rank_in_worker, [(portable, r.program, r.candidate, budget, top,
-                                          r.flags) for r in todo])
+        # What failed there (a search's error, a worker killed) is redone below, where it
+        # raises as it always has.
+        with contextlib.suppress(Exception):
+            run_in_workers(_rank_in_worker, [(r.program, r.candidate, topology, budget, top,
+                                              r.flags) for r in todo])
     ticker = Ticker()
     rankings = []
     for index, r in enumerate(programs):
@@ -286,11 +288,9 @@ def _rank_programs(programs: Sequence[CompiledCandidate], topology: Topology, bu
     return rankings
 
 
-def _rank_in_worker(topology: Topology | str, program: CommProgram, candidate: Candidate,
+def _rank_in_worker(program: CommProgram, candidate: Candidate, topology: Topology,
                     budget: int, top: int, flags: CompilerFlags) -> None:
     """In a worker process: store the ranking (:func:`_rank_programs` reads it back)."""
-    if isinstance(topology, str):
-        topology = Topology.from_name(topology, deviceless=True)
     rank_placements(program, candidate, topology, budget=budget, top=top, flags=flags)
 
 

@@ -27,6 +27,7 @@ estimate of 11.8 s is 1.55x the best and rule 3 drops it.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import math
 from collections.abc import Sequence
@@ -36,10 +37,11 @@ from typing import Any
 from aoizora_lab.candidates import Candidate
 from aoizora_lab.errors import AoizoraError
 from aoizora_lab.hardware import device_spec
-from aoizora_lab.ir_estimate import IRCacheDir, IREstimate, estimate_ir
-from aoizora_lab.progress import Ticker
+from aoizora_lab.ir_estimate import IRCacheDir, IREstimate, estimate_ir, is_traced
+from aoizora_lab.progress import Ticker, note
 from aoizora_lab.records import Records
 from aoizora_lab.topology import Topology
+from aoizora_lab.workers import run_in_workers, usable_cpus
 from aoizora_lab.workload import Workload
 
 GiB = 2**30
@@ -50,7 +52,17 @@ def estimate_candidates(candidates: Sequence[Candidate], workload: Workload,
                         ir_cache_dir: IRCacheDir = None,
                         ) -> dict[str, IREstimate | str]:
     """IR estimate per candidate name, or the error text where tracing failed (traces cached
-    under ``ir_cache_dir``, see :func:`estimate_ir`)."""
+    under ``ir_cache_dir``, see :func:`estimate_ir`). With the cache on, the traces not cached
+    yet run side by side in worker processes first (:func:`run_in_workers`), then every
+    estimate is read here."""
+    todo = [c for c in candidates if ir_cache_dir is not False and not is_traced(
+        c, workload, dtype=dtype, cache_dir=ir_cache_dir)]
+    if topology.portable and len(todo) > 1 and usable_cpus() > 1:
+        note(f"IR traces ({workload.name} on {topology.name}): {len(todo)} candidates in "
+             f"{min(usable_cpus(), len(todo))} processes")
+        with contextlib.suppress(Exception):  # a dead worker's traces are redone below
+            run_in_workers(_trace_in_worker, [(c, workload, topology, dtype, ir_cache_dir)
+                                              for c in todo])
     results: dict[str, IREstimate | str] = {}
     ticker = Ticker()
     for done, candidate in enumerate(candidates):
@@ -62,6 +74,14 @@ def estimate_candidates(candidates: Sequence[Candidate], workload: Workload,
         except Exception as err:  # one candidate's failure must not end the sweep
             results[candidate.name] = f"{type(err).__name__}: {err}"
     return results
+
+
+def _trace_in_worker(candidate: Candidate, workload: Workload, topology: Topology,
+                     dtype: Any, ir_cache_dir: IRCacheDir) -> None:
+    """In a worker process: trace and cache; a failure is left for the serial pass of
+    :func:`estimate_candidates` to record."""
+    with contextlib.suppress(Exception):
+        estimate_ir(candidate, workload, topology, dtype=dtype, cache_dir=ir_cache_dir)
 
 
 class Verdict(enum.Enum):

@@ -99,6 +99,11 @@ class Link(NamedTuple):
         return f"{self.src}{arrow}{self.dst}"
 
 
+def _deviceless_slice(name: str) -> Topology:
+    """A pickled deviceless slice, rebuilt in the process that unpickles it."""
+    return Topology.from_name(name, deviceless=True)
+
+
 def default_wrap(generation: str, shape: Shape) -> tuple[bool, ...]:
     """Which axes of a ``generation`` slice of ``shape`` have wraparound links (module rules)."""
     generation = check_generation(generation)
@@ -318,6 +323,20 @@ class Topology:
         return cls(generation=generation, shape=shape, wrap=default_wrap(generation, shape),
                    coords=coords, devices=devices, source=source,
                    note="" if source != "live" else "live TPU devices")
+
+    # ----------------------------------------------------------------- other processes
+
+    @property
+    def portable(self) -> bool:
+        """Whether the slice pickles, so a worker process can have it: a deviceless one is
+        rebuilt there by name (libtpu describes it again), a simulated one travels as is;
+        live and CPU host devices belong to this process."""
+        return self.source == "libtpu deviceless" or self.devices is None
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        if self.source == "libtpu deviceless":
+            return (_deviceless_slice, (self.name,))
+        return super().__reduce_ex__(protocol)
 
     # ----------------------------------------------------------------- sizes and names
 

@@ -173,3 +173,26 @@ def test_over_hbm_starts_one_byte_above_the_usable_memory(eight):
     verdicts = _verdicts(eight, [(1.0, 0.5, usable), (0.5, 0.25, usable + 1)], keep=1,
                          max_fraction=1.0)
     assert verdicts == [Verdict.KEPT_BEST, Verdict.OVER_HBM]
+
+
+def test_traces_in_worker_processes_are_cached_and_read_as_the_serial_ones(tmp_path,
+                                                                           monkeypatch):
+    from aoizora_lab import prune as prune_module
+    from aoizora_lab import workers
+    from aoizora_lab.ir_estimate import is_traced
+
+    topology = az.Topology.from_name("v5e:2x4", deviceless=True)
+    candidates = enumerate_candidates(WORKLOAD, topology)[::5]
+    started = []
+    monkeypatch.setattr(workers, "usable_cpus", lambda: 2)
+    monkeypatch.setattr(prune_module, "usable_cpus", lambda: 2)
+    monkeypatch.setattr(prune_module, "run_in_workers", lambda f, calls: started.append(
+        len(calls)) or workers.run_in_workers(f, calls))
+    parallel = estimate_candidates(candidates, WORKLOAD, topology, ir_cache_dir=tmp_path)
+    assert started == [len(candidates)]
+    assert all(is_traced(c, WORKLOAD, cache_dir=tmp_path) for c in candidates)
+    serial = estimate_candidates(candidates, WORKLOAD, topology, ir_cache_dir=False)
+    assert started == [len(candidates)]  # no cache, no workers
+    fields = ["flops", "comm_bytes", "lower_bound_seconds", "estimate_seconds"]
+    assert [[getattr(parallel[c.name], f) for f in fields] for c in candidates] == [
+        [getattr(serial[c.name], f) for f in fields] for c in candidates]

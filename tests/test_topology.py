@@ -196,3 +196,19 @@ def test_describe_names_the_slice_and_its_source():
     assert text.startswith("v5e:8x16: 128 chips")
     assert "y: 16 wraps" in text and "x: 8 wraps" not in text
     assert len(text.splitlines()) == 3 + 16  # three header lines, one row of chips per y
+
+
+def test_portable_slices_pickle_and_rebuild_with_the_same_key():
+    import pickle
+
+    import jax
+
+    deviceless = az.Topology.from_name("v5e:2x4", deviceless=True)
+    simulated = az.Topology.from_name("v5p:2x2x4", deviceless=False)
+    for topology in (deviceless, simulated):
+        assert topology.portable
+        again = pickle.loads(pickle.dumps(topology))
+        assert again.cache_key == topology.cache_key and again.source == topology.source
+    assert pickle.loads(pickle.dumps(deviceless)).devices is not None  # libtpu's, rebuilt
+    host = az.Topology.simulated((2, 4), devices=jax.devices()[:8])
+    assert not host.portable
