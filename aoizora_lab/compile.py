@@ -33,6 +33,7 @@ head) counts once. Under ``scan`` the per-layer program does not depend on the d
 from __future__ import annotations
 
 import concurrent.futures as cf
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -248,7 +249,7 @@ def compile_candidates(candidates: Sequence[Candidate], workload: Workload, topo
             )
     if isinstance(timeout_s, bool) or not isinstance(timeout_s, int | float) or not timeout_s > 0:
         raise AoizoraError(f"timeout_s={timeout_s!r} must be a positive number of seconds.")
-    cache = Path(cache_dir) if cache_dir is not None else cache_root() / "compile"
+    cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     jobs = [_job(c, workload, topology, num_layers, flags) for c in candidates]
     sweep = _sweep_key(jobs[0]) if jobs else ""
     own = executor is None
@@ -263,7 +264,8 @@ def compile_candidates(candidates: Sequence[Candidate], workload: Workload, topo
             outcome = future.result()
             if not outcome.get("cached"):  # a cached one takes no time worth a line
                 compiled += 1
-                # The pace so far (workers overlap) for the rest: at most, cached ones are free.
+                # Time per compile so far (parallel workers included) x compiles to go;
+                # an overestimate when some still to come are cached.
                 left = (time.monotonic() - start) / compiled * (len(jobs) - done)
                 progress_note(f"compile {done} of {len(jobs)} ({workload.name} on "
                               f"{topology.name}): {futures[future].name} ({flags.label} "
@@ -379,6 +381,11 @@ def _job(candidate: Candidate, workload: Workload, topology: Topology,
         "versions": program_versions(),
         **({"compiler_options": options} if options else {}),
     }
+
+
+def default_cache_dir() -> Path:
+    """Where compiles are kept unless a caller names a folder: ``compile/`` of the cache root."""
+    return cache_root() / "compile"
 
 
 def cache_key(job: dict[str, Any]) -> str:
@@ -502,9 +509,9 @@ def read_entry(entry: Path) -> dict[str, Any] | None:
 
 def merge_cache(source: str | Path, target: str | Path) -> int:
     """Copy into the compile cache folder ``target`` the entries of ``source`` it lacks
-    (whole, through :func:`write_entry`); returns how many. Entries are keyed by the whole
-    job, so any cache's entry is valid in any other: a cold run's compiles in a temporary
-    folder can be kept."""
+    (whole, through :func:`write_entry`) and its sweeps' memory records; returns how many
+    entries. Entries are keyed by the whole job, so any cache's entry is valid in any other:
+    a cold run's compiles in a temporary folder can be kept."""
     copied = 0
     for entry in Path(source).iterdir():
         if not (entry / "meta.json").exists() or (Path(target) / entry.name).exists():
@@ -515,6 +522,9 @@ def merge_cache(source: str | Path, target: str | Path) -> int:
             meta.pop("hlo_sha256", None)
             write_entry(Path(target) / entry.name, meta, hlo)
             copied += 1
+    with contextlib.suppress(OSError, ValueError, AttributeError):  # no record: nothing to add
+        for sweep, peak in json.loads((Path(source) / HOST_MEMORY_FILE).read_text()).items():
+            _record_host_peak(Path(target), sweep, [peak])
     return copied
 
 

@@ -19,7 +19,6 @@ existing systems, from placement, from the sharding strategy.
 from __future__ import annotations
 
 import concurrent.futures as cf
-import contextlib
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -60,7 +59,7 @@ from aoizora_lab.progress import note as progress_note
 from aoizora_lab.prune import Pruning, prune
 from aoizora_lab.realize import Plan
 from aoizora_lab.topology import Topology
-from aoizora_lab.workers import run_in_workers, usable_cpus
+from aoizora_lab.workers import warm_in_workers
 from aoizora_lab.workload import Workload
 
 if TYPE_CHECKING:
@@ -265,19 +264,15 @@ def plan(workload: Workload, topology: Topology, *, keep: int = 3, budget: int =
 def _rank_programs(programs: Sequence[CompiledCandidate], topology: Topology, budget: int,
                    top: int, what: str) -> list[Ranking]:
     """:func:`rank_placements` of each compiled program, in order. The searches not stored
-    yet run side by side in worker processes (:func:`run_in_workers`) where the slice can be
+    yet run side by side in worker processes (:func:`warm_in_workers`) where the slice can be
     rebuilt there (libtpu's deviceless devices by name, or a simulated slice); then every
     ranking is read here, so a warm plan starts no process."""
     todo = [r for r in programs if not is_ranked(r.program, r.candidate, topology,
                                                  budget=budget, top=top, flags=r.flags)]
-    if topology.portable and len(todo) > 1 and usable_cpus() > 1:
-        progress_note(f"plan {what} on {topology.name}: placing {len(todo)} programs in "
-                      f"{min(usable_cpus(), len(todo))} processes")
-        # What failed there (a search's error, a worker killed) is redone below, where it
-        # raises as it always has.
-        with contextlib.suppress(Exception):
-            run_in_workers(_rank_in_worker, [(r.program, r.candidate, topology, budget, top,
-                                              r.flags) for r in todo])
+    if topology.portable:
+        warm_in_workers(_rank_in_worker, [(r.program, r.candidate, topology, budget, top,
+                                           r.flags) for r in todo],
+                        what=f"plan {what} on {topology.name}: placement searches")
     ticker = Ticker()
     rankings = []
     for index, r in enumerate(programs):

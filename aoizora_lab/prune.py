@@ -38,10 +38,10 @@ from aoizora_lab.candidates import Candidate
 from aoizora_lab.errors import AoizoraError
 from aoizora_lab.hardware import device_spec
 from aoizora_lab.ir_estimate import IRCacheDir, IREstimate, estimate_ir, is_traced
-from aoizora_lab.progress import Ticker, note
+from aoizora_lab.progress import Ticker
 from aoizora_lab.records import Records
 from aoizora_lab.topology import Topology
-from aoizora_lab.workers import run_in_workers, usable_cpus
+from aoizora_lab.workers import warm_in_workers
 from aoizora_lab.workload import Workload
 
 GiB = 2**30
@@ -53,16 +53,14 @@ def estimate_candidates(candidates: Sequence[Candidate], workload: Workload,
                         ) -> dict[str, IREstimate | str]:
     """IR estimate per candidate name, or the error text where tracing failed (traces cached
     under ``ir_cache_dir``, see :func:`estimate_ir`). With the cache on, the traces not cached
-    yet run side by side in worker processes first (:func:`run_in_workers`), then every
+    yet run side by side in worker processes first (:func:`warm_in_workers`), then every
     estimate is read here."""
     todo = [c for c in candidates if ir_cache_dir is not False and not is_traced(
         c, workload, dtype=dtype, cache_dir=ir_cache_dir)]
-    if topology.portable and len(todo) > 1 and usable_cpus() > 1:
-        note(f"IR traces ({workload.name} on {topology.name}): {len(todo)} candidates in "
-             f"{min(usable_cpus(), len(todo))} processes")
-        with contextlib.suppress(Exception):  # a dead worker's traces are redone below
-            run_in_workers(_trace_in_worker, [(c, workload, topology, dtype, ir_cache_dir)
-                                              for c in todo])
+    if topology.portable:
+        warm_in_workers(_trace_in_worker, [(c, workload, topology, dtype, ir_cache_dir)
+                                           for c in todo],
+                        what=f"IR traces ({workload.name} on {topology.name})")
     results: dict[str, IREstimate | str] = {}
     ticker = Ticker()
     for done, candidate in enumerate(candidates):

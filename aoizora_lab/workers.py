@@ -2,10 +2,12 @@
 
 :func:`run_in_workers` is ``[function(*args) for args in calls]`` with the calls dealt out
 round-robin to up to :func:`usable_cpus` children (``python -m aoizora_lab.workers``; the
-function, its arguments and its results travel pickled over the pipes). The planner uses it
-for what is independent and costly once its compiles are done: placement searches, one per
-compiled program. Example, 33 programs of 1.3B@480p on ``v5e:2x4`` on two CPUs: two children
-place 17 and 16, each paying ~1.5 s to start (Python, jax and the package imported).
+function, its arguments and its results travel pickled over the pipes).
+:func:`warm_in_workers` runs calls for what they store in a cache, so that a serial pass
+after it only reads: the planner uses it for the IR traces not cached yet and for the
+placement searches of its compiled programs. Example, 33 programs of 1.3B@480p on
+``v5e:2x4`` on two CPUs: two children place 17 and 16, each paying ~1.5 s to start (Python,
+jax and the package imported).
 
 Children started with ``python -m`` rather than :mod:`multiprocessing`: ``spawn`` imports the
 caller's main script again in every child (a user's script without an
@@ -25,6 +27,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from aoizora_lab.errors import AoizoraError
+from aoizora_lab.progress import note
 
 
 def usable_cpus() -> int:
@@ -41,32 +44,38 @@ def run_in_workers(function: Callable[..., Any], calls: Sequence[tuple[Any, ...]
     :func:`usable_cpus`) child processes; in this process when one worker or one call would do.
 
     ``function`` must be importable by name (a module-level function of the package) and its
-    arguments and results picklable.
+    arguments and results picklable. An interrupt here kills the children.
     """
     workers = min(workers or usable_cpus(), len(calls))
     if workers <= 1:
         return [function(*args) for args in calls]
     shares = [list(range(i, len(calls), workers)) for i in range(workers)]
-    outcomes: list[Any] = [None] * workers
+    payloads = [pickle.dumps((function, [calls[i] for i in share])) for share in shares]
+    children = [subprocess.Popen([sys.executable, "-m", "aoizora_lab.workers"],
+                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE) for _ in shares]
+    outputs: list[tuple[bytes, bytes]] = [(b"", b"")] * workers
 
-    def run(share: int) -> None:
-        payload = pickle.dumps((function, [calls[i] for i in shares[share]]))
-        done = subprocess.run([sys.executable, "-m", "aoizora_lab.workers"], input=payload,
-                              capture_output=True, check=False)
-        outcomes[share] = (done.returncode, done.stdout, done.stderr)
+    def talk(i: int) -> None:  # one thread per child, so no pipe fills while another waits
+        outputs[i] = children[i].communicate(payloads[i])
 
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(workers)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    try:
+        threads = [threading.Thread(target=talk, args=(i,)) for i in range(workers)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        for child in children:
+            if child.poll() is None:
+                child.kill()
     results: list[Any] = [None] * len(calls)
-    for share, (returncode, stdout, stderr) in zip(shares, outcomes, strict=True):
-        if returncode != 0:
+    for share, child, (stdout, stderr) in zip(shares, children, outputs, strict=True):
+        if child.wait() != 0:
             raise AoizoraError(
                 f"A worker process running {function.__qualname__} on {len(share)} calls ended "
-                f"with exit status {returncode}: {stderr.decode(errors='replace')[-600:]}. "
-                "A negative status is the signal that killed it (-9: out of memory).")
+                f"with exit status {child.returncode}: {stderr.decode(errors='replace')[-600:]}"
+                " (a negative status is the signal that killed it: -9, out of memory).")
         for i, (ok, value) in zip(share, pickle.loads(stdout), strict=True):
             if not ok:
                 raise value
@@ -74,9 +83,28 @@ def run_in_workers(function: Callable[..., Any], calls: Sequence[tuple[Any, ...]
     return results
 
 
+def warm_in_workers(function: Callable[..., Any], calls: Sequence[tuple[Any, ...]], *,
+                    what: str) -> None:
+    """Run ``calls`` in worker processes for what ``function`` stores (a cache), when more
+    than one call and one CPU make that worth it. Whatever fails there is said in a progress
+    line and left to the caller's own pass, which redoes it and reports it as it always has."""
+    workers = min(usable_cpus(), len(calls))
+    if workers <= 1:
+        return
+    note(f"{what}: {len(calls)} in {workers} processes")
+    try:
+        run_in_workers(function, calls, workers=workers)
+    except Exception as err:  # the caller's serial pass redoes it, with its own errors
+        note(f"{what}: the worker processes failed ({type(err).__name__}: "
+             f"{str(err)[:300]}); finishing in this process")
+
+
 def _main() -> None:
     """In a child: run the pickled calls from stdin, write ``(ok, result or exception)``
-    pairs to stdout. Progress lines go to stderr, which the parent passes on."""
+    pairs to stdout. Whatever the calls print goes to stderr, so the results stay whole."""
+    results = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
     function, calls = pickle.loads(sys.stdin.buffer.read())
     out = []
     for args in calls:
@@ -84,7 +112,8 @@ def _main() -> None:
             out.append((True, function(*args)))
         except Exception as err:  # raised again in the parent, in call order
             out.append((False, err))
-    sys.stdout.buffer.write(pickle.dumps(out))
+    results.write(pickle.dumps(out))
+    results.close()
 
 
 if __name__ == "__main__":

@@ -166,11 +166,10 @@ def test_placement_searches_in_worker_processes_store_the_serial_rankings(tmp_pa
     programs = compile_candidates(kept, WORKLOAD, topology, cache_dir=tmp_path / "compile").ok
     assert len(programs) > 2
     started = []
+    run = workers.run_in_workers
     monkeypatch.setattr(workers, "usable_cpus", lambda: 2)
-    monkeypatch.setattr(planner, "usable_cpus", lambda: 2)
-    monkeypatch.setattr(planner, "run_in_workers",
-                        lambda f, calls: started.append(len(calls)) or workers.run_in_workers(
-                            f, calls))
+    monkeypatch.setattr(workers, "run_in_workers",
+                        lambda f, calls, **kw: started.append(len(calls)) or run(f, calls, **kw))
     with cache_root_at(tmp_path / "parallel"):
         rankings = planner._rank_programs(programs, topology, 300, 3, WORKLOAD.name)
         assert started == [len(programs)]  # every search went to the workers ...

@@ -177,17 +177,16 @@ def test_over_hbm_starts_one_byte_above_the_usable_memory(eight):
 
 def test_traces_in_worker_processes_are_cached_and_read_as_the_serial_ones(tmp_path,
                                                                            monkeypatch):
-    from aoizora_lab import prune as prune_module
     from aoizora_lab import workers
     from aoizora_lab.ir_estimate import is_traced
 
     topology = az.Topology.from_name("v5e:2x4", deviceless=True)
     candidates = enumerate_candidates(WORKLOAD, topology)[::5]
     started = []
+    run = workers.run_in_workers
     monkeypatch.setattr(workers, "usable_cpus", lambda: 2)
-    monkeypatch.setattr(prune_module, "usable_cpus", lambda: 2)
-    monkeypatch.setattr(prune_module, "run_in_workers", lambda f, calls: started.append(
-        len(calls)) or workers.run_in_workers(f, calls))
+    monkeypatch.setattr(workers, "run_in_workers",
+                        lambda f, calls, **kw: started.append(len(calls)) or run(f, calls, **kw))
     parallel = estimate_candidates(candidates, WORKLOAD, topology, ir_cache_dir=tmp_path)
     assert started == [len(candidates)]
     assert all(is_traced(c, WORKLOAD, cache_dir=tmp_path) for c in candidates)

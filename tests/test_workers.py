@@ -3,14 +3,15 @@ import os
 
 import pytest
 
+from aoizora_lab import workers
 from aoizora_lab.errors import AoizoraError
-from aoizora_lab.workers import run_in_workers
+from aoizora_lab.workers import run_in_workers, warm_in_workers
 
 
 def test_results_come_back_in_call_order_from_several_processes():
     calls = [(2.0, float(i)) for i in range(7)]
     assert run_in_workers(math.pow, calls, workers=3) == [2.0**i for i in range(7)]
-    assert run_in_workers(os.getpid, [()] * 4, workers=2) != [os.getpid()] * 4  # elsewhere
+    assert os.getpid() not in run_in_workers(os.getpid, [()] * 4, workers=2)  # elsewhere
     assert run_in_workers(os.getpid, [()], workers=2) == [os.getpid()]  # one call: here
 
 
@@ -22,3 +23,19 @@ def test_a_call_that_raises_raises_here():
 def test_a_worker_that_dies_is_named_with_its_exit_status():
     with pytest.raises(AoizoraError, match="exit status 3"):
         run_in_workers(os._exit, [(3,), (3,)], workers=2)
+
+
+def test_what_a_call_prints_does_not_spoil_the_results():
+    # print's output would come before the pickled results were it not sent to stderr
+    assert run_in_workers(print, [("hello",), ("world",)], workers=2) == [None, None]
+
+
+def test_warming_notes_a_failure_and_leaves_it_to_the_caller(monkeypatch, capsys):
+    monkeypatch.setenv("AOIZORA_LAB_PROGRESS", "1")
+    monkeypatch.setattr(workers, "usable_cpus", lambda: 2)
+    warm_in_workers(math.sqrt, [(4.0,), (-1.0,)], what="square roots")  # does not raise
+    err = capsys.readouterr().err
+    assert "square roots: 2 in 2 processes" in err
+    assert "square roots: the worker processes failed (ValueError: math domain error)" in err
+    warm_in_workers(math.sqrt, [(4.0,)], what="one root")  # one call: not worth a process
+    assert "one root" not in capsys.readouterr().err

@@ -32,9 +32,9 @@ from aoizora_lab.bench.report import (
     met,
 )
 from aoizora_lab.cases import Case
-from aoizora_lab.compile import merge_cache
+from aoizora_lab.compile import default_cache_dir, merge_cache
 from aoizora_lab.topology import Topology
-from aoizora_lab.versions import cache_root, cache_root_at
+from aoizora_lab.versions import cache_root_at
 from aoizora_lab.workload import Workload
 
 SEARCH_COST_MATRIX: tuple[str, ...] = ("wan2.1-t2v-14b@1280x720x81/v5e:4x4",)
@@ -73,7 +73,8 @@ class SearchCost:
                   "ir_traced", "compiled", "compiled_fraction", "compiles",
                   "baseline_compiles", "compile_s"]]
         exhaustive = s[["workload", "slice", "exhaustive_status", "exhaustive_wall_s",
-                        "exhaustive_compiled_ok", "exhaustive_compile_s", "plan_s",
+                        "exhaustive_cached", "exhaustive_compiled_ok", "exhaustive_compile_s",
+                        "plan_s",
                         "exhaustive_best_s", "exhaustive_best", "top1_equal", "regret_percent",
                         "kendall_tau"]]
         parts = [
@@ -92,10 +93,12 @@ class SearchCost:
             parts += [
                 "Against the exhaustive search: every valid candidate compiled with every "
                 "flag set the planner searched (survivors "
-                "come from the cache the pruned search filled, and every compile is kept in "
-                "the compile cache, so a re-run pays only for the planner's cold run; "
-                "`exhaustive_compile_s` sums "
-                "every compile's own time) and placed by the same search (every structured "
+                "come from the cache the pruned search filled; every compile is kept in the "
+                "compile cache, so a re-run compiles only what a run before did not finish: "
+                "`exhaustive_cached` counts the compiles read back, and `exhaustive_wall_s` "
+                "is this run's time; `exhaustive_compile_s` sums "
+                "every compile's own time, when it was compiled) and placed by the same search "
+                "(every structured "
                 "placement, the same extra orders and local search), plus the same baseline "
                 "setups. `regret_percent`: latency the pruned plan loses against the exhaustive "
                 "best; `kendall_tau`: rank correlation of the IR estimate and the compiled "
@@ -127,7 +130,8 @@ def search_cost(cases: Iterable[Case | str] = SEARCH_COST_MATRIX, *, num_layers:
     ``compiled_fraction`` (of the valid), ``compiles`` (survivors x the flag sets worth it),
     ``baseline_compiles`` (the existing systems' setups beyond the survivors), ``compile_s``
     (the compiles' own seconds, survivors and baselines);
-    with ``exhaustive``: ``exhaustive_wall_s``, ``exhaustive_compiled_ok``,
+    with ``exhaustive``: ``exhaustive_wall_s``, ``exhaustive_cached`` (compiles read back
+    from the compile cache, where the exhaustive search keeps them), ``exhaustive_compiled_ok``,
     ``exhaustive_compile_s``, ``plan_s``, ``exhaustive_best`` / ``exhaustive_best_s``,
     ``top1_equal``, ``regret_percent`` and ``kendall_tau`` (IR estimate vs best compiled
     prediction per candidate). ``num_layers``: compile depth (default: the planner's, full).
@@ -137,7 +141,7 @@ def search_cost(cases: Iterable[Case | str] = SEARCH_COST_MATRIX, *, num_layers:
     target_rows: list[dict[str, Any]] = []
     # The exhaustive compiles (hours on 2 cores) are kept in the compile cache: only the
     # planner's cold run needs an empty one, and a re-run or an interrupted run resumes.
-    kept = cache_root() / "compile"
+    kept = default_cache_dir()
 
     def measure(workload: Workload, topology: Topology) -> dict[str, Any]:
         # Memoized searches and prices go there too: a cold run starts from nothing.
@@ -154,7 +158,7 @@ def search_cost(cases: Iterable[Case | str] = SEARCH_COST_MATRIX, *, num_layers:
     columns = ["workload", "slice", "status", "cold_s", "warm_s", "warm_all_cached",
                "enumerated", "valid", "ir_traced", "compiled", "compiled_fraction",
                "compiles", "baseline_compiles", "compile_s", "exhaustive_status",
-               "exhaustive_wall_s",
+               "exhaustive_wall_s", "exhaustive_cached",
                "exhaustive_compiled_ok", "exhaustive_compile_s", "plan_candidate", "plan_s",
                "exhaustive_best", "exhaustive_best_s", "top1_equal", "regret_percent",
                "kendall_tau"]
@@ -271,6 +275,7 @@ def _exhaustive(workload: Workload, topology: Topology, result: Any, cache: Path
            if len(ok) >= 2 else math.nan)
     return {
         "exhaustive_status": "ok", "exhaustive_wall_s": wall,
+        "exhaustive_cached": sum(r.cached for r in compiled),
         "exhaustive_compiled_ok": int((frame["status"] == "ok").sum()),
         "exhaustive_compile_s": float(frame["compile_s"].sum()),
         "exhaustive_best": best_name, "exhaustive_best_s": best_s,
