@@ -41,7 +41,7 @@ from aoizora_lab.comm_model import Collective, mesh_axis_groups
 from aoizora_lab.cost import PRICING_SOURCES, Predicted, comm_seconds, roofline_seconds
 from aoizora_lab.hardware import device_spec
 from aoizora_lab.ir import IRCollective, IRCounts, count_jaxpr, spec_of
-from aoizora_lab.models.wan import abstract_params
+from aoizora_lab.models.wan import WanConfig, abstract_params
 from aoizora_lab.topology import Topology
 from aoizora_lab.versions import (
     cache_root,
@@ -102,16 +102,24 @@ def estimate_ir(candidate: Candidate, workload: Workload, topology: Topology, *,
     candidate, the model, the workload, the dtype and the versions and sources they depend on;
     the bounds are derived afresh for ``topology``.
     """
+    counts, trace_seconds = trace_counts(candidate, workload, dtype=dtype,
+                                         num_layers=num_layers, cache_dir=cache_dir)
+    return _bounds(candidate, counts, topology, trace_seconds, keep=cache_dir is not False)
+
+
+def trace_counts(candidate: Candidate, workload: Workload, *, dtype: Any = None,
+                 num_layers: int | None = None, cache_dir: IRCacheDir = None
+                 ) -> tuple[IRCounts, float]:
+    """The counts of ``candidate``'s trace and the seconds the trace took, from the cache
+    (:func:`estimate_ir`'s arguments) or traced and cached: what a slice does not change."""
     dtype = dtype or jnp.bfloat16
     model = workload.config()
     if num_layers is not None:
         model = model.with_layers(num_layers)
-    entry = _trace_entry(candidate, workload, dtype, num_layers, cache_dir)
-    if entry is not None:
-        cached = _read_counts(entry)
-        if cached is not None:
-            counts, trace_seconds = cached
-            return _bounds(candidate, counts, topology, trace_seconds, keep=True)
+    entry = _trace_entry(candidate, workload, model, dtype, cache_dir)
+    cached = _read_counts(entry) if entry is not None else None
+    if cached is not None:
+        return cached
     plan = candidate.plan()
     start = time.perf_counter()
     params = abstract_params(model, dtype)
@@ -128,24 +136,25 @@ def estimate_ir(candidate: Candidate, workload: Workload, topology: Topology, *,
     trace_seconds = time.perf_counter() - start
     if entry is not None:
         _write_counts(entry, counts, trace_seconds)
-    return _bounds(candidate, counts, topology, trace_seconds, keep=entry is not None)
+    return counts, trace_seconds
 
 
 def is_traced(candidate: Candidate, workload: Workload, *, dtype: Any = None,
               num_layers: int | None = None, cache_dir: IRCacheDir = None) -> bool:
-    """Whether :func:`estimate_ir` with these arguments reads its trace from the cache."""
-    entry = _trace_entry(candidate, workload, dtype or jnp.bfloat16, num_layers, cache_dir)
-    return entry is not None and entry.exists()
-
-
-def _trace_entry(candidate: Candidate, workload: Workload, dtype: Any,
-                 num_layers: int | None, cache_dir: IRCacheDir) -> Path | None:
-    """The cache file of a trace (``None``: the cache is off)."""
-    if cache_dir is False:
-        return None
+    """Whether :func:`trace_counts` with these arguments reads its trace from the cache."""
     model = workload.config()
     if num_layers is not None:
         model = model.with_layers(num_layers)
+    entry = _trace_entry(candidate, workload, model, dtype or jnp.bfloat16, cache_dir)
+    return entry is not None and entry.exists()
+
+
+def _trace_entry(candidate: Candidate, workload: Workload, model: WanConfig, dtype: Any,
+                 cache_dir: IRCacheDir) -> Path | None:
+    """The cache file of a trace of ``model`` (``workload``'s, at the depth traced;
+    ``None``: the cache is off)."""
+    if cache_dir is False:
+        return None
     job = {"candidate": candidate.name, "attention": candidate.attention,
            "model": dataclasses.asdict(model), "dtype": jnp.dtype(dtype).name,
            "workload": {k: v for k, v in dataclasses.asdict(workload).items()

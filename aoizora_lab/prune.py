@@ -37,7 +37,13 @@ from typing import Any
 from aoizora_lab.candidates import Candidate
 from aoizora_lab.errors import AoizoraError
 from aoizora_lab.hardware import device_spec
-from aoizora_lab.ir_estimate import IRCacheDir, IREstimate, estimate_ir, is_traced
+from aoizora_lab.ir_estimate import (
+    IRCacheDir,
+    IREstimate,
+    estimate_ir,
+    is_traced,
+    trace_counts,
+)
 from aoizora_lab.progress import Ticker
 from aoizora_lab.records import Records
 from aoizora_lab.topology import Topology
@@ -57,10 +63,8 @@ def estimate_candidates(candidates: Sequence[Candidate], workload: Workload,
     estimate is read here."""
     todo = [c for c in candidates if ir_cache_dir is not False and not is_traced(
         c, workload, dtype=dtype, cache_dir=ir_cache_dir)]
-    if topology.portable:
-        warm_in_workers(_trace_in_worker, [(c, workload, topology, dtype, ir_cache_dir)
-                                           for c in todo],
-                        what=f"IR traces ({workload.name} on {topology.name})")
+    warm_in_workers(_trace_in_worker, [(c, workload, dtype, ir_cache_dir) for c in todo],
+                    what=f"IR traces ({workload.name} on {topology.name})")
     results: dict[str, IREstimate | str] = {}
     ticker = Ticker()
     for done, candidate in enumerate(candidates):
@@ -74,12 +78,12 @@ def estimate_candidates(candidates: Sequence[Candidate], workload: Workload,
     return results
 
 
-def _trace_in_worker(candidate: Candidate, workload: Workload, topology: Topology,
-                     dtype: Any, ir_cache_dir: IRCacheDir) -> None:
-    """In a worker process: trace and cache; a failure is left for the serial pass of
-    :func:`estimate_candidates` to record."""
+def _trace_in_worker(candidate: Candidate, workload: Workload, dtype: Any,
+                     ir_cache_dir: IRCacheDir) -> None:
+    """In a worker process: trace and cache (no slice needed); a failure is left for the
+    serial pass of :func:`estimate_candidates` to record."""
     with contextlib.suppress(Exception):
-        estimate_ir(candidate, workload, topology, dtype=dtype, cache_dir=ir_cache_dir)
+        trace_counts(candidate, workload, dtype=dtype, cache_dir=ir_cache_dir)
 
 
 class Verdict(enum.Enum):

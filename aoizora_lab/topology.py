@@ -336,7 +336,9 @@ class Topology:
     def __reduce_ex__(self, protocol: Any) -> Any:
         if self.source == "libtpu deviceless":
             return (_deviceless_slice, (self.name,))
-        return super().__reduce_ex__(protocol)
+        # Through the constructor, so the checks run and the positions stay read-only.
+        return (Topology, (self.generation, self.shape, self.wrap, self.coords, self.devices,
+                           self.source, self.note))
 
     # ----------------------------------------------------------------- sizes and names
 

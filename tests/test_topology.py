@@ -210,5 +210,6 @@ def test_portable_slices_pickle_and_rebuild_with_the_same_key():
         again = pickle.loads(pickle.dumps(topology))
         assert again.cache_key == topology.cache_key and again.source == topology.source
     assert pickle.loads(pickle.dumps(deviceless)).devices is not None  # libtpu's, rebuilt
+    assert not pickle.loads(pickle.dumps(simulated)).coords.flags.writeable
     host = az.Topology.simulated((2, 4), devices=jax.devices()[:8])
     assert not host.portable
