@@ -113,9 +113,7 @@ def trace_counts(candidate: Candidate, workload: Workload, *, dtype: Any = None,
     """The counts of ``candidate``'s trace and the seconds the trace took, from the cache
     (:func:`estimate_ir`'s arguments) or traced and cached: what a slice does not change."""
     dtype = dtype or jnp.bfloat16
-    model = workload.config()
-    if num_layers is not None:
-        model = model.with_layers(num_layers)
+    model = _traced_model(workload, num_layers)
     entry = _trace_entry(candidate, workload, model, dtype, cache_dir)
     cached = _read_counts(entry) if entry is not None else None
     if cached is not None:
@@ -142,11 +140,15 @@ def trace_counts(candidate: Candidate, workload: Workload, *, dtype: Any = None,
 def is_traced(candidate: Candidate, workload: Workload, *, dtype: Any = None,
               num_layers: int | None = None, cache_dir: IRCacheDir = None) -> bool:
     """Whether :func:`trace_counts` with these arguments reads its trace from the cache."""
-    model = workload.config()
-    if num_layers is not None:
-        model = model.with_layers(num_layers)
-    entry = _trace_entry(candidate, workload, model, dtype or jnp.bfloat16, cache_dir)
+    entry = _trace_entry(candidate, workload, _traced_model(workload, num_layers),
+                         dtype or jnp.bfloat16, cache_dir)
     return entry is not None and entry.exists()
+
+
+def _traced_model(workload: Workload, num_layers: int | None) -> WanConfig:
+    """``workload``'s model, ``num_layers`` deep where given."""
+    model = workload.config()
+    return model if num_layers is None else model.with_layers(num_layers)
 
 
 def _trace_entry(candidate: Candidate, workload: Workload, model: WanConfig, dtype: Any,
