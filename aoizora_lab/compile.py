@@ -64,7 +64,7 @@ from aoizora_lab.versions import (
     program_versions,
     write_atomically,
 )
-from aoizora_lab.workers import usable_cpus
+from aoizora_lab.workers import available_memory, fitting_workers, usable_cpus
 from aoizora_lab.workload import Workload
 
 if TYPE_CHECKING:
@@ -254,7 +254,7 @@ def compile_candidates(candidates: Sequence[Candidate], workload: Workload, topo
     sweep = _sweep_key(jobs[0]) if jobs else ""
     own = executor is None
     pool = executor or cf.ThreadPoolExecutor(max_workers=compile_workers(
-        _seen_host_peak(cache, sweep), _available_memory(), usable_cpus(),
+        _seen_host_peak(cache, sweep), available_memory(), usable_cpus(),
         what=f"{workload.name} on {topology.name} at {num_layers or model.num_layers} layers"))
     try:
         start, compiled = time.monotonic(), 0
@@ -290,21 +290,19 @@ machine, which sizes the next sweep."""
 def compile_workers(peak_bytes: float, available_bytes: float, cpus: int, *,
                     what: str = "this sweep") -> int:
     """Parallel compiles for a sweep whose compiles have taken up to ``peak_bytes`` each
-    (NaN: never measured), with ``available_bytes`` free: one per CPU, fewer where their
-    memory would not fit. Raises before anything starts when not even one fits.
+    (NaN: never measured), with ``available_bytes`` free (:func:`workers.fitting_workers`).
+    Raises before anything starts when not even one fits.
 
     Example: 2 CPUs, 20 GiB free, compiles of 12 GiB: one at a time.
     """
-    if not peak_bytes > 0 or not available_bytes > 0:
-        return cpus
-    fits = int(available_bytes // peak_bytes)
+    fits = fitting_workers(peak_bytes, available_bytes, cpus)
     if fits < 1:
         raise AoizoraError(
             f"One compile of {what} took {peak_bytes / 2**30:.1f} GiB of memory here, but "
             f"{available_bytes / 2**30:.1f} GiB is free: it would not fit. Compile fewer "
             "layers (num_layers=2 folds the rest exactly), close what holds the memory, or "
             "use a machine with more.")
-    return max(1, min(cpus, fits))
+    return fits
 
 
 def _sweep_key(job: dict[str, Any]) -> str:
@@ -332,17 +330,6 @@ def _record_host_peak(cache: Path, sweep: str, peaks: Sequence[float]) -> None:
         write_atomically(path, json.dumps(record, indent=1, sort_keys=True))
     except (OSError, ValueError, TypeError, AttributeError):
         pass  # a record that cannot be kept only means the next sweep is not sized by it
-
-
-def _available_memory() -> float:
-    """Free memory (``MemAvailable``), NaN where the system does not say."""
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return float(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return math.nan
 
 
 def check_compilable(topology: Topology) -> None:

@@ -211,7 +211,7 @@ def test_a_sweep_records_its_memory_and_one_that_cannot_fit_stops_before_compili
 
     record = json.loads((tmp_path / compile_module.HOST_MEMORY_FILE).read_text())
     assert list(record.values()) == [done.host_peak_bytes]
-    monkeypatch.setattr(compile_module, "_available_memory", lambda: done.host_peak_bytes / 2)
+    monkeypatch.setattr(compile_module, "available_memory", lambda: done.host_peak_bytes / 2)
     entries = set(tmp_path.iterdir())
     with pytest.raises(az.AoizoraError, match="would not fit"):
         compile_candidates(_candidates()[1:2], WORKLOAD, host, cache_dir=tmp_path)

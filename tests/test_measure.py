@@ -30,8 +30,9 @@ def host_slice():
 
 
 @pytest.fixture(scope="module")
-def planned(host_slice, tmp_path_factory):
-    return plan(WORKLOAD, host_slice, budget=400, cache_dir=tmp_path_factory.mktemp("cache"))
+def planned(host_slice):
+    # The session's cache: test_planner plans the same workload and slice.
+    return plan(WORKLOAD, host_slice, budget=400)
 
 
 @pytest.fixture(scope="module")

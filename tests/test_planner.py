@@ -17,10 +17,10 @@ from aoizora_lab.realize import Plan
 
 
 @pytest.fixture(scope="module")
-def planned(tmp_path_factory):
+def planned():
+    # The session's cache: test_measure plans the same workload and slice and reads these.
     topology = az.Topology.simulated((2, 4), devices=jax.devices()[:8])
-    return plan(WORKLOAD, topology, budget=400,
-                cache_dir=tmp_path_factory.mktemp("cache"))
+    return plan(WORKLOAD, topology, budget=400)
 
 
 @pytest.mark.slow  # the planned fixture compiles in child processes
