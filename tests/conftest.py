@@ -19,8 +19,14 @@ settings.load_profile("ci" if os.environ.get("CI") else "dev")
 @pytest.fixture(autouse=True, scope="session")
 def _session_cache(tmp_path_factory):
     """Every compile and IR trace of the session goes to a temporary cache, never the
-    checkout's data/cache (children and notebook kernels inherit the variable)."""
-    root = tmp_path_factory.mktemp("aoizora-cache")
+    checkout's data/cache (children and notebook kernels inherit the variable). The
+    pytest-xdist workers of one run share it (the caches are safe for several processes), so
+    what one worker compiled is a hit in the other."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = tmp_path_factory.getbasetemp().parent / "aoizora-cache"
+        root.mkdir(exist_ok=True)
+    else:
+        root = tmp_path_factory.mktemp("aoizora-cache")
     previous = os.environ.get("AOIZORA_LAB_CACHE_DIR")
     os.environ["AOIZORA_LAB_CACHE_DIR"] = str(root)
     yield root
