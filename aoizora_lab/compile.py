@@ -62,9 +62,14 @@ from aoizora_lab.versions import (
     digest,
     memoized,
     program_versions,
-    write_atomically,
 )
-from aoizora_lab.workers import available_memory, fitting_workers, usable_cpus
+from aoizora_lab.workers import (
+    available_memory,
+    fitting_workers,
+    record_peak,
+    seen_peak,
+    usable_cpus,
+)
 from aoizora_lab.workload import Workload
 
 if TYPE_CHECKING:
@@ -313,23 +318,13 @@ def _sweep_key(job: dict[str, Any]) -> str:
 
 
 def _seen_host_peak(cache: Path, sweep: str) -> float:
-    try:
-        return float(json.loads((cache / HOST_MEMORY_FILE).read_text()).get(sweep, math.nan))
-    except (OSError, ValueError, TypeError, AttributeError):
-        return math.nan
+    return seen_peak(cache / HOST_MEMORY_FILE, sweep)
 
 
 def _record_host_peak(cache: Path, sweep: str, peaks: Sequence[float]) -> None:
     measured = [p for p in peaks if isinstance(p, int | float) and p > 0]
-    if not measured or not sweep:
-        return
-    path = cache / HOST_MEMORY_FILE
-    try:
-        record = json.loads(path.read_text()) if path.exists() else {}
-        record[sweep] = max(float(record.get(sweep, 0.0)), max(measured))
-        write_atomically(path, json.dumps(record, indent=1, sort_keys=True))
-    except (OSError, ValueError, TypeError, AttributeError):
-        pass  # a record that cannot be kept only means the next sweep is not sized by it
+    if measured and sweep:
+        record_peak(cache / HOST_MEMORY_FILE, sweep, max(measured))
 
 
 def check_compilable(topology: Topology) -> None:

@@ -1,19 +1,20 @@
 """Independent calls run side by side in child processes, one per usable CPU that memory allows.
 
 :func:`run_in_workers` is ``[function(*args) for args in calls]`` with the calls dealt out
-round-robin to up to :func:`usable_cpus` children (``python -m aoizora_lab.workers``; the
+round-robin to up to :func:`default_workers` children (``python -m aoizora_lab.workers``; the
 function, its arguments and its results travel pickled over the pipes).
+
+:func:`warm_in_workers` runs calls for what they store in a cache, so that a serial pass
+after it only reads: the planner uses it for the IR traces not cached yet and for the
+placement searches of its compiled programs. Example, 33 programs of 1.3B@480p on
+``v5e:2x4`` on two CPUs: two children place 17 and 16, each paying ~1.5 s to start (Python,
+jax and the package imported).
 
 **Memory**: each child reports its peak resident memory, and the largest seen for a function
 is kept in ``.worker_memory.json`` of the cache root; the next pool for that function has only
 as many children as that peak fits into the free memory (:func:`fitting_workers`, the policy
 the compiles share). Example: 8 CPUs, 6 GiB free, placement searches that peaked at 2.5 GiB
 a child: two children, not eight. Never measured: one per CPU.
-:func:`warm_in_workers` runs calls for what they store in a cache, so that a serial pass
-after it only reads: the planner uses it for the IR traces not cached yet and for the
-placement searches of its compiled programs. Example, 33 programs of 1.3B@480p on
-``v5e:2x4`` on two CPUs: two children place 17 and 16, each paying ~1.5 s to start (Python,
-jax and the package imported).
 
 Children started with ``python -m`` rather than :mod:`multiprocessing`: ``spawn`` imports the
 caller's main script again in every child (a user's script without an
@@ -79,7 +80,8 @@ def fitting_workers(peak_bytes: float, available_bytes: float, cpus: int) -> int
 def default_workers(function: Callable[..., Any]) -> int:
     """Worker processes for ``function``: :func:`fitting_workers` with the largest peak its
     children have taken here (see the module's note), at least one."""
-    return max(1, fitting_workers(_seen_peak(_name(function)), available_memory(),
+    return max(1, fitting_workers(seen_peak(cache_root() / MEMORY_FILE, _name(function)),
+                                  available_memory(),
                                   usable_cpus()))
 
 
@@ -129,7 +131,7 @@ def run_in_workers(function: Callable[..., Any], calls: Sequence[tuple[Any, ...]
             if not ok:
                 raise value
             results[i] = value
-    _record_peak(_name(function), max(peaks))
+    record_peak(cache_root() / MEMORY_FILE, _name(function), max(peaks))
     return results
 
 
@@ -153,18 +155,20 @@ def _name(function: Callable[..., Any]) -> str:
     return f"{function.__module__}.{function.__qualname__}"
 
 
-def _seen_peak(name: str) -> float:
+def seen_peak(path: Path, key: str) -> float:
+    """The largest peak memory recorded for ``key`` in the JSON record ``path`` (NaN: none)."""
     try:
-        return float(json.loads((cache_root() / MEMORY_FILE).read_text()).get(name, math.nan))
+        return float(json.loads(path.read_text()).get(key, math.nan))
     except (OSError, ValueError, TypeError, AttributeError):
         return math.nan
 
 
-def _record_peak(name: str, peak_bytes: float) -> None:
-    path = cache_root() / MEMORY_FILE
+def record_peak(path: Path, key: str, peak_bytes: float) -> None:
+    """Keep ``peak_bytes`` for ``key`` in the JSON record ``path`` when it is the largest yet
+    (this pool's children and the compiles' sweeps use one format)."""
     try:
         record = json.loads(path.read_text()) if path.exists() else {}
-        record[name] = max(float(record.get(name, 0.0)), float(peak_bytes))
+        record[key] = max(float(record.get(key, 0.0)), float(peak_bytes))
         path.parent.mkdir(parents=True, exist_ok=True)
         write_atomically(path, json.dumps(record, indent=1, sort_keys=True))
     except (OSError, ValueError, TypeError, AttributeError):
