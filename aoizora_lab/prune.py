@@ -19,6 +19,14 @@ Estimates apply the overlap rule, so when every collective hides behind compute 
 candidates tie; estimates equal to 3 significant digits are ranked by their communication
 estimate (the overlap rule is optimistic: less traffic is the safer bet).
 
+Known miss: the IR sees the collectives the step asks for (``shard_map`` ones, resharding
+constraints), not those the partitioner adds on its own, such as the guidance combine across
+a ``cfg`` split (the tiny test model on 4 host devices compiles ``cfg2-ctx2`` with a permute,
+an all-reduce, an all-gather and two all-to-alls the IR does not count). At Wan sizes they
+are a few MB next to the sequence traffic; on a latency-bound toy (microseconds a step) they
+halve a ``cfg2`` candidate's estimated communication, and rule 3 can drop the compiled winner
+(there, ``ctx4`` at 1.99x the estimate of ``cfg2-ctx2``).
+
 A candidate whose trace fails is dropped with the error as its reason; the sweep goes on.
 Example (Wan 2.1 14B at 720p on ``v5e:4x4``): ``cfg2-tp8`` has a lower bound of 6.0 s while
 ``cfg2-uly8-fsdp`` is estimated at 7.6 s, so rule 2 spares it (6.0 < 1.25 x 7.6), but its

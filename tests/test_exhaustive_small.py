@@ -15,6 +15,8 @@ from aoizora_lab.prune import prune
 @pytest.mark.slow
 def test_exhaustive_compile_and_rank_winner_survives_pruning():
     workload = az.Workload(model=TINY, height=32, width=48, frames=5, text_len=8)
+    # 8 chips: on 4 the toy is latency-bound and the IR's known miss (prune's docstring)
+    # drops the compiled winner.
     topology = az.Topology.simulated((2, 4), devices=jax.devices()[:8])
     candidates = enumerate_candidates(workload, topology)
     assert len(candidates) >= 10
