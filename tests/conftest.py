@@ -16,6 +16,29 @@ settings.register_profile("dev", deadline=None)
 settings.load_profile("ci" if os.environ.get("CI") else "dev")
 
 
+SAME_PLAN = {"tests/test_measure.py": "tests/test_planner.py"}
+"""Files whose module fixtures make the same plan: one worker runs them one after the other,
+so the second reads the first's compiles from the session cache instead of compiling them
+again at the same time."""
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_xdist_make_scheduler(config, log):
+    """pytest-xdist's ``--dist loadfile`` (whole files per worker, so module fixtures run
+    once), with the files of :data:`SAME_PLAN` scheduled as one. (``--dist loadgroup`` would
+    say it with marks, but it cannot regroup tests under pytest 9.2.)"""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class SamePlanScheduling(LoadFileScheduling):
+        def _split_scope(self, nodeid):
+            scope = super()._split_scope(nodeid)
+            return SAME_PLAN.get(scope, scope)
+
+    return SamePlanScheduling(config, log)
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _session_cache(tmp_path_factory):
     """Every compile and IR trace of the session goes to a temporary cache, never the
