@@ -22,7 +22,7 @@ so the second reads the first's compiles from the session cache instead of compi
 again at the same time."""
 
 
-@pytest.hookimpl(tryfirst=True)
+@pytest.hookimpl(tryfirst=True, optionalhook=True)  # without xdist: never called
 def pytest_xdist_make_scheduler(config, log):
     """pytest-xdist's ``--dist loadfile`` (whole files per worker, so module fixtures run
     once), with the files of :data:`SAME_PLAN` scheduled as one. (``--dist loadgroup`` would
