@@ -30,7 +30,10 @@ asynchronous, read from the HLO (never guessed from where it sits):
 
 - a ``*-start`` op (``all-gather-start``, ``collective-permute-start``, ``all-reduce-start``)
   runs until the ``*-done`` that takes it as operand;
-- an ``async-start`` wrapper around a collective runs until its ``async-done``;
+- an ``async-start`` wrapper around a collective runs until its ``async-done``, and a
+  ``call-start`` (TPU7x runs collectives on its SparseCores this way: ``call-start(...),
+  async_execution_thread="sparsecore", to_apply=%called_computation``) until its
+  ``call-done``; a plain ``call`` runs where it stands;
 - an **async collective fusion** is a chain of fusions that each hold a copy of the same
   collective (same ``channel_id``): the one whose root is the ``AsyncCollectiveStart`` custom
   call starts it, fusions in between compute while it runs (their copy is the same transfer,
@@ -294,10 +297,15 @@ def _type_end(rest: str) -> int:
     return len(rest)
 
 
+_CALLS = ("call", "call-start")
+"""Ops whose ``to_apply`` computation runs once per op (elsewhere ``to_apply`` is a reducer)."""
+
+
 def _callees(ins: _Instruction) -> list[tuple[str, str]]:
     """(role, computation) pairs this instruction runs; reducers (to_apply) are not runs."""
-    out = [(role, name) for role, name in
-           re.findall(r"\b(calls|body|condition)=%?([\w.\-]+)", ins.rest)]
+    roles = "calls|body|condition|to_apply" if ins.op in _CALLS else "calls|body|condition"
+    out = [("calls" if role == "to_apply" else role, name) for role, name in
+           re.findall(rf"\b({roles})=%?([\w.\-]+)", ins.rest)]
     for group in re.findall(r"branch_computations=\{([^}]*)\}", ins.rest):
         out += [("branch", n.strip().lstrip("%")) for n in group.split(",") if n.strip()]
     return out
@@ -389,10 +397,10 @@ def _loop_step(body: list[_Instruction], index: str | None) -> int:
 
 
 def _inner(computations: dict[str, list[_Instruction]]) -> set[str]:
-    """Computations that run inside one op of their caller (fusions, async wrappers), so their
-    instructions have no place of their own in a schedule."""
+    """Computations that run inside one op of their caller (fusions, async wrappers, calls), so
+    their instructions have no place of their own in a schedule."""
     return {callee for instructions in computations.values() for ins in instructions
-            if ins.op in ("fusion", "async-start")
+            if ins.op in ("fusion", "async-start", *_CALLS)
             for role, callee in _callees(ins) if role == "calls"}
 
 
@@ -471,6 +479,11 @@ def _collective_schedule(computations: dict[str, list[_Instruction]], name: str
                 return False
 
             done = _waiter(instructions, i, waits)
+            found += [(c, i, done) for c in _held_by(computations, ins)]
+        elif ins.op in _CALLS:
+            done = i if ins.op == "call" else _waiter(
+                instructions, i,
+                lambda j, ins=ins: j.op == "call-done" and ins.name in j.operands())
             found += [(c, i, done) for c in _held_by(computations, ins)]
         elif ins.op == "fusion":
             target = _root_target(computations, ins)

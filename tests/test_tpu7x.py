@@ -2,6 +2,7 @@
 path the comm model and the placement scorer price between the two devices of one chip."""
 
 import dataclasses
+import re
 
 import numpy as np
 import pytest
@@ -175,3 +176,28 @@ def test_a_deviceless_compile_of_the_tiny_step_on_tpu7x(tmp_path):
     # The compiled program prices on the slice, the intra-chip path included.
     plain = az.estimate(result.program, topology, chip=CHIP)
     assert plain.seconds > 0
+
+
+@pytest.mark.slow
+def test_collectives_the_sparsecores_run_are_read_and_overlap(tmp_path):
+    # TPU7x offloads FSDP's weight gathers to its SparseCores: each sits alone in a computation
+    # that a `call-start(...), async_execution_thread="sparsecore", to_apply=%comp` runs until
+    # its `call-done`. None of them may go missing from the program the cost model prices.
+    topology = az.Topology.from_name("tpu7x:2x2x1", deviceless=True)
+    candidate = Candidate.from_name("cfg2-ctx4-fsdp", attention="blockwise")
+    [result] = compile_candidates([candidate], WORKLOAD, topology, cache_dir=tmp_path)
+    assert result.status == "ok", result.message[:500]
+    text = result.hlo_text
+    called = re.findall(r"call-start\([^\n]*async_execution_thread=\"sparsecore\"[^\n]*"
+                        r"to_apply=%([\w.\-]+)", text)
+    assert called  # what this test is about: the compiler still offloads
+    offloaded = set()
+    for name in called:
+        body = re.search(rf"\n%{re.escape(name)} \(.*?\n}}", text, re.S).group(0)
+        offloaded |= set(re.findall(r"%((?:all-gather|all-reduce|reduce-scatter|all-to-all|"
+                                    r"collective-permute)[\w.\-]*) = ", body))
+    assert offloaded
+    sites = {c.name: s for c, s in zip(result.program.collectives, result.program.sites,
+                                       strict=True)}
+    assert offloaded <= set(sites), sorted(offloaded - set(sites))
+    assert all(sites[name].asynchronous for name in offloaded)
