@@ -165,12 +165,18 @@ def test_the_search_puts_each_ulysses_pair_on_one_chip(slice8):
     assert inside and all(p.description.startswith("uly on core:2") for p in inside)
 
 
+def _compiled(name, cache):
+    """The tiny step under candidate ``name``, compiled deviceless on ``tpu7x:2x2x1``."""
+    topology = az.Topology.from_name("tpu7x:2x2x1", deviceless=True)
+    candidate = Candidate.from_name(name, attention="blockwise")
+    [result] = compile_candidates([candidate], WORKLOAD, topology, cache_dir=cache)
+    assert result.status == "ok", result.message[:500]
+    return topology, result
+
+
 @pytest.mark.slow
 def test_a_deviceless_compile_of_the_tiny_step_on_tpu7x(tmp_path):
-    topology = az.Topology.from_name("tpu7x:2x2x1", deviceless=True)
-    candidate = Candidate.from_name("cfg2-uly2-ring2", attention="blockwise")
-    [result] = compile_candidates([candidate], WORKLOAD, topology, cache_dir=tmp_path)
-    assert result.status == "ok", result.message[:500]
+    topology, result = _compiled("cfg2-uly2-ring2", tmp_path)
     assert result.program is not None and result.program.collectives
     assert result.memory["peak"] < CHIP.hbm_bytes / topology.devices_per_chip
     # The compiled program prices on the slice, the intra-chip path included.
@@ -183,10 +189,7 @@ def test_collectives_the_sparsecores_run_are_read_and_overlap(tmp_path):
     # TPU7x offloads FSDP's weight gathers to its SparseCores: each sits alone in a computation
     # that a `call-start(...), async_execution_thread="sparsecore", to_apply=%comp` runs until
     # its `call-done`. None of them may go missing from the program the cost model prices.
-    topology = az.Topology.from_name("tpu7x:2x2x1", deviceless=True)
-    candidate = Candidate.from_name("cfg2-ctx4-fsdp", attention="blockwise")
-    [result] = compile_candidates([candidate], WORKLOAD, topology, cache_dir=tmp_path)
-    assert result.status == "ok", result.message[:500]
+    _, result = _compiled("cfg2-ctx4-fsdp", tmp_path)
     text = result.hlo_text
     called = re.findall(r"call-start\([^\n]*async_execution_thread=\"sparsecore\"[^\n]*"
                         r"to_apply=%([\w.\-]+)", text)
