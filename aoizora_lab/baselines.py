@@ -50,6 +50,7 @@ order) are not baselines: they are the *placement gain* and *strategy gain* of a
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import enum
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -559,10 +560,13 @@ def score_baselines(workload: Workload, topology: Topology, pruning: Pruning,
             if (s.candidate.name, s.flags.label) not in compiled:
                 missing.setdefault(s.flags.label, {})[s.candidate.name] = s.candidate
                 flags_of[s.flags.label] = s.flags
-        for label, candidates in missing.items():
-            for result in compile(list(candidates.values()), flags_of[label]):
-                compiled[result.key] = result
-                added.append(result)
+        # The flag sets compile side by side (compile's pool decides how many run at once).
+        with cf.ThreadPoolExecutor(max_workers=max(1, len(missing))) as sweeps:
+            results = list(sweeps.map(lambda label: compile(list(missing[label].values()),
+                                                            flags_of[label]), missing))
+        for result in (r for sweep in results for r in sweep):
+            compiled[result.key] = result
+            added.append(result)
 
     plans: dict[str, tuple[list[Trial], list[Setup]]] = {}
     groups = [(name, system_setups(name, workload, topology)) for name in SYSTEMS]

@@ -45,7 +45,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -233,9 +233,12 @@ def compile_candidates(candidates: Sequence[Candidate], workload: Workload, topo
                        *, executor: cf.Executor | None = None,
                        cache_dir: str | Path | None = None, timeout_s: float = 900.0,
                        num_layers: int | None = None,
-                       flags: str | CompilerFlags | None = None) -> Compiles:
+                       flags: str | CompilerFlags | None = None,
+                       describe: Callable[[CompiledCandidate], str] | None = None) -> Compiles:
     """Compile ``candidates`` for ``topology``'s devices with ``flags`` (see
-    :func:`compiler_flags`); one result per candidate, in order."""
+    :func:`compiler_flags`); one result per candidate, in order. ``describe``: called on each
+    result as it arrives; its text ends that compile's progress line (the planner's best
+    step so far)."""
     check_compilable(topology)
     flags = compiler_flags(flags)
     model = workload.config()
@@ -258,32 +261,51 @@ def compile_candidates(candidates: Sequence[Candidate], workload: Workload, topo
     jobs = [_job(c, workload, topology, num_layers, flags) for c in candidates]
     sweep = _sweep_key(jobs[0]) if jobs else ""
     own = executor is None
-    pool = executor or cf.ThreadPoolExecutor(max_workers=compile_workers(
-        _seen_host_peak(cache, sweep), available_memory(), usable_cpus(),
-        what=f"{workload.name} on {topology.name} at {num_layers or model.num_layers} layers"))
+    pool = executor or compile_executor(workload, topology, cache_dir=cache,
+                                        num_layers=num_layers)
+    results: dict[int, CompiledCandidate] = {}
+    raw: dict[int, dict[str, Any]] = {}
     try:
         start, compiled = time.monotonic(), 0
-        futures = {pool.submit(run_job, job, str(cache), timeout_s): c
-                   for job, c in zip(jobs, candidates, strict=True)}
+        futures = {pool.submit(run_job, job, str(cache), timeout_s): i
+                   for i, job in enumerate(jobs)}
         for done, future in enumerate(cf.as_completed(futures), 1):
-            outcome = future.result()
+            i = futures[future]
+            raw[i] = outcome = future.result()
+            results[i] = result = _result(candidates[i], outcome, model.num_layers, num_layers,
+                                          flags)
+            extra = describe(result) if describe else ""
             if not outcome.get("cached"):  # a cached one takes no time worth a line
                 compiled += 1
                 # Time per compile so far (parallel workers included) x compiles to go;
                 # an overestimate when some still to come are cached.
                 left = (time.monotonic() - start) / compiled * (len(jobs) - done)
                 progress_note(f"compile {done} of {len(jobs)} ({workload.name} on "
-                              f"{topology.name}): {futures[future].name} ({flags.label} "
+                              f"{topology.name}): {candidates[i].name} ({flags.label} "
                               f"flags) {outcome['status']} in "
                               f"{float(outcome.get('compile_seconds', 0.0)):.0f} s"
-                              + (f"; about {duration(left)} left" if done < len(jobs) else ""))
-        raw = [f.result() for f in futures]
+                              + (f"; about {duration(left)} left" if done < len(jobs) else "")
+                              + (f"; {extra}" if extra else ""))
     finally:
         if own:
             pool.shutdown()
-    _record_host_peak(cache, sweep, [r.get("host_peak_bytes", math.nan) for r in raw])
-    return Compiles(_result(c, r, model.num_layers, num_layers, flags) for c, r in
-                    zip(candidates, raw, strict=True))
+    _record_host_peak(cache, sweep, [r.get("host_peak_bytes", math.nan) for r in raw.values()])
+    return Compiles(results[i] for i in range(len(jobs)))
+
+
+def compile_executor(workload: Workload, topology: Topology, *,
+                     cache_dir: str | Path | None = None,
+                     num_layers: int | None = None) -> cf.ThreadPoolExecutor:
+    """A pool for the compiles of ``workload`` on ``topology``, as many at a time as
+    :func:`compile_workers` allows. Share one between sweeps that may run side by side (the
+    planner's compiles with several flag sets) so no worker idles while another sweep waits;
+    the caller shuts it down."""
+    cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    sweep = _sweep_key(_sweep(workload, topology, num_layers))
+    layers = num_layers or workload.config().num_layers
+    return cf.ThreadPoolExecutor(max_workers=compile_workers(
+        _seen_host_peak(cache, sweep), available_memory(), usable_cpus(),
+        what=f"{workload.name} on {topology.name} at {layers} layers"))
 
 
 HOST_MEMORY_FILE = ".host_memory.json"
@@ -315,6 +337,20 @@ def _sweep_key(job: dict[str, Any]) -> str:
     sweep = {k: v for k, v in job.items()
              if k not in ("candidate", "attention", "compiler_options")}
     return hashlib.sha256(json.dumps(sweep, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _sweep(workload: Workload, topology: Topology, num_layers: int | None) -> dict[str, Any]:
+    """What every compile job of a sweep shares (:func:`_job` adds candidate and flags)."""
+    model = workload.config()
+    return {
+        "model": dataclasses.asdict(model),
+        "workload": {k: v for k, v in dataclasses.asdict(workload).items() if k != "model"},
+        "topology": {"name": topology.name, "shape": list(topology.shape),
+                     "wrap": list(topology.wrap), "generation": topology.generation,
+                     "source": topology.source, "num_devices": topology.num_devices},
+        "num_layers": num_layers or model.num_layers,
+        "versions": program_versions(),
+    }
 
 
 def _seen_host_peak(cache: Path, sweep: str) -> float:
@@ -349,18 +385,11 @@ def check_num_layers(num_layers: Any, model_layers: int) -> None:
 def _job(candidate: Candidate, workload: Workload, topology: Topology,
          num_layers: int | None, flags: CompilerFlags = DEFAULT_FLAGS) -> dict[str, Any]:
     """Everything a child needs, as JSON-able data (and the cache key's ingredients)."""
-    model = workload.config()
     options = {} if topology.source == "host devices" else flags.options
     return {
         "candidate": candidate.name,
         "attention": candidate.attention,
-        "model": dataclasses.asdict(model),
-        "workload": {k: v for k, v in dataclasses.asdict(workload).items() if k != "model"},
-        "topology": {"name": topology.name, "shape": list(topology.shape),
-                     "wrap": list(topology.wrap), "generation": topology.generation,
-                     "source": topology.source, "num_devices": topology.num_devices},
-        "num_layers": num_layers or model.num_layers,
-        "versions": program_versions(),
+        **_sweep(workload, topology, num_layers),
         **({"compiler_options": options} if options else {}),
     }
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import math
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,6 +42,7 @@ from aoizora_lab.compile import (
     check_compilable,
     check_num_layers,
     compile_candidates,
+    compile_executor,
     compiler_flags,
 )
 from aoizora_lab.cost import breakdown, predict
@@ -224,24 +226,37 @@ def plan(workload: Workload, topology: Topology, *, keep: int = 3, budget: int =
     stage("pruned", f"{len(pruning.kept)} kept by the IR estimates; compiling them with "
           f"{len(flag_sets)} flag set(s)")
 
-    def compile(candidates: list[Candidate], with_flags: CompilerFlags) -> Compiles:
-        return compile_candidates(candidates, workload, topology, executor=executor,
-                                  cache_dir=cache_dir, timeout_s=timeout_s,
-                                  num_layers=num_layers, flags=with_flags)
+    best_so_far = _BestSoFar(topology)
+    # One pool for every sweep below: the systems' setups compile with several flag sets
+    # side by side, so no worker idles at the end of one while another waits.
+    pool = executor or compile_executor(workload, topology, cache_dir=cache_dir,
+                                        num_layers=num_layers)
 
-    compiled, skipped = _compile_flag_sets(pruning.kept, flag_sets, compile, topology)
-    stage("compiled", "compiling the existing systems' setups")
-    if not compiled.ok:
-        raise AoizoraError(
-            "No candidate compiled: "
-            + "; ".join(f"{r.candidate.name}: {r.status} ({r.message[:120]})" for r in compiled)
-            + ". Fix what the messages say (an oom needs more chips or FSDP; crash or timeout: "
-            "retry, or raise timeout_s)."
-        )
-    # The existing systems' setups (and yours) are compiled before placement, so the search
-    # places their programs too: the plan searches the space the systems run in.
-    baselines, added = score_baselines(workload, topology, pruning,
-                                       {r.key: r for r in compiled}, compile, compare=compare)
+    def compile(candidates: list[Candidate], with_flags: CompilerFlags) -> Compiles:
+        return compile_candidates(candidates, workload, topology, executor=pool,
+                                  cache_dir=cache_dir, timeout_s=timeout_s,
+                                  num_layers=num_layers, flags=with_flags,
+                                  describe=best_so_far)
+
+    try:
+        compiled, skipped = _compile_flag_sets(pruning.kept, flag_sets, compile, topology)
+        stage("compiled", "compiling the existing systems' setups")
+        if not compiled.ok:
+            raise AoizoraError(
+                "No candidate compiled: "
+                + "; ".join(f"{r.candidate.name}: {r.status} ({r.message[:120]})"
+                            for r in compiled)
+                + ". Fix what the messages say (an oom needs more chips or FSDP; crash or "
+                "timeout: retry, or raise timeout_s)."
+            )
+        # The existing systems' setups (and yours) are compiled before placement, so the
+        # search places their programs too: the plan searches the space the systems run in.
+        baselines, added = score_baselines(workload, topology, pruning,
+                                           {r.key: r for r in compiled}, compile,
+                                           compare=compare)
+    finally:
+        if executor is None:
+            pool.shutdown()
     programs = [*compiled.ok, *(r for r in added if r.status == "ok")]
     stage("baselines", f"searching placements of {len(programs)} compiled programs")
     ranking = Ranking(entry for ranked in _rank_programs(programs, topology, budget,
@@ -259,6 +274,26 @@ def plan(workload: Workload, topology: Topology, *, keep: int = 3, budget: int =
     return PlanResult(space, pruning, compiled, ranking,
                       Baselines(baselines, plan_s=best.predicted.total_s), Compiles(added),
                       searched, best, headline(best, baselines, programs), skipped)
+
+
+class _BestSoFar:
+    """The fastest step priced so far in plain device order, for the progress lines: a cold
+    plan compiles for minutes, best IR estimate first, and says what it would answer now."""
+
+    def __init__(self, topology: Topology) -> None:
+        self.topology = topology
+        self.plain = plain_order(topology)
+        self.best: tuple[float, str] | None = None
+        self.lock = threading.Lock()  # sweeps with different flags report side by side
+
+    def __call__(self, result: CompiledCandidate) -> str:
+        total = (predict(result.program, self.topology, self.plain).total_s
+                 if result.status == "ok" and result.program is not None else math.inf)
+        with self.lock:
+            if total < (self.best or (math.inf, ""))[0]:
+                self.best = (total, f"{result.candidate.name} ({result.flags.label} flags)")
+            best = self.best
+        return f"best so far {best[1]}, {best[0]:.4g} s in plain order" if best else ""
 
 
 def _rank_programs(programs: Sequence[CompiledCandidate], topology: Topology, budget: int,

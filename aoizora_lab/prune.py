@@ -131,7 +131,7 @@ class PruneDecision:
     estimate: IREstimate | None
     """The candidate's IR estimate and bounds (``None`` when its trace failed)."""
     position: int
-    """Its place in the candidates pruning received (compiles keep that order)."""
+    """Its place in the candidates pruning received (ties the ranking keeps in that order)."""
 
 
 PRUNING_COLUMNS = ("candidate", "estimate_s", "lower_bound_s", "compute_estimate_s",
@@ -148,8 +148,9 @@ class Pruning(Records[PruneDecision]):
 
     @property
     def kept(self) -> list[Candidate]:
-        """The candidates kept, in the order pruning received them: what gets compiled."""
-        return [d.candidate for d in sorted(self, key=lambda d: d.position) if d.verdict.keep]
+        """The candidates kept, best estimate first: what gets compiled, in that order, so the
+        likeliest winners are priced (and shown as the best so far) first."""
+        return [d.candidate for d in self if d.verdict.keep]
 
     def decision(self, name: str) -> PruneDecision:
         """The decision on the candidate called ``name``."""

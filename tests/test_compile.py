@@ -71,11 +71,21 @@ def test_merged_entries_are_cache_hits_in_the_target(host, tmp_path):
 @pytest.mark.slow
 def test_each_compile_says_how_long_the_sweep_has_left(host, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("AOIZORA_LAB_PROGRESS", "1")
-    compile_candidates(_candidates()[:2], WORKLOAD, host, cache_dir=tmp_path)
+    seen = []
+
+    def describe(result):  # the planner's hook: its text ends the result's line
+        seen.append(result)
+        return f"seen {len(seen)}"
+
+    results = compile_candidates(_candidates()[:2], WORKLOAD, host, cache_dir=tmp_path,
+                                 describe=describe)
     lines = [line for line in capsys.readouterr().err.splitlines() if "compile " in line]
     assert len(lines) == 2
-    assert re.search(r"compile 1 of 2 .* ok in \d+ s; about \d+ s left$", lines[0]), lines
-    assert lines[1].endswith(" s") and "left" not in lines[1]  # the last one has nothing left
+    assert re.search(r"compile 1 of 2 .* ok in \d+ s; about \d+ s left; seen 1$",
+                     lines[0]), lines
+    assert lines[1].endswith(" s; seen 2") and "left" not in lines[1]  # nothing left
+    assert sorted(r.candidate.name for r in seen) == sorted(r.candidate.name for r in results)
+    assert all(r.program is not None for r in seen)  # parsed as it arrived
     compile_candidates(_candidates()[:2], WORKLOAD, host, cache_dir=tmp_path)
     assert "compile " not in capsys.readouterr().err  # cached: nothing worth a line
 

@@ -119,7 +119,7 @@ def test_further_flag_sets_compile_only_candidates_that_could_still_win(tmp_path
     from aoizora_lab.compile import compile_candidates, compiler_flags
     from aoizora_lab.cost import predict
     from aoizora_lab.placement import plain_order
-    from aoizora_lab.planner import _compile_flag_sets
+    from aoizora_lab.planner import _BestSoFar, _compile_flag_sets
 
     topology = az.Topology.from_name("v5e:2x4")  # flags change TPU programs only
     kept = list(explain_candidates(WORKLOAD, topology).valid)[::4]  # every kind of split
@@ -145,6 +145,14 @@ def test_further_flag_sets_compile_only_candidates_that_could_still_win(tmp_path
     assert all(s.compute_s >= s.best_s == best_s for s in skipped)
     assert all(s.candidate.name in s.reason and "maxdiffusion-ulysses" in s.reason
                for s in skipped)
+    # The progress lines' best step so far: the fastest of the results seen, in plain order.
+    best_so_far, seen = _BestSoFar(topology), []
+    for r in compiled:
+        text = best_so_far(r)
+        if r.status == "ok":
+            seen.append((predict(r.program, topology, plain).total_s, r))
+        total, fastest = min(seen, key=lambda pair: pair[0])
+        assert f"{fastest.candidate.name} ({fastest.flags.label} flags), {total:.4g} s" in text
     assert len(compiled) == len(kept) + len(again)
 
 

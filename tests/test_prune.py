@@ -45,13 +45,14 @@ def test_pruning_keeps_a_minority_and_explains_every_row(swept):
     assert (table["lower_bound_s"] <= table["estimate_s"]).all()
 
 
-def test_survivors_are_the_kept_candidates_in_enumeration_order(swept):
+def test_survivors_are_the_kept_candidates_best_estimate_first(swept):
     workload, topology, candidates, estimates = swept
     pruning = prune(candidates, workload, topology, estimates=estimates)
     kept = pruning.kept
     assert {c.name for c in kept} == {d.candidate.name for d in pruning if d.verdict.keep}
-    positions = [candidates.index(c) for c in kept]
-    assert positions == sorted(positions)
+    keys = [(float(f"{estimates[c.name].estimate_seconds:.3g}"),
+             estimates[c.name].comm_estimate_seconds) for c in kept]
+    assert keys == sorted(keys)
 
 
 def test_a_candidate_whose_weights_do_not_fit_is_dropped_for_memory():
