@@ -537,10 +537,11 @@ def _built(recipes: list[dict[str, Any]], build: Callable[..., Setup],
 
 def score_baselines(workload: Workload, topology: Topology, pruning: Pruning,
                     compiled: Mapping[tuple[str, str], CompiledCandidate], compile: Compile,
-                    *, compare: Any = None
+                    *, compare: Any = None, systems: bool = True
                     ) -> tuple[Baselines, list[CompiledCandidate]]:
-    """Build every system's setups (and ``compare``, a user's, see :func:`user_setup`),
-    compile what ``compiled`` (by :attr:`CompiledCandidate.key`) lacks, price each.
+    """Build every system's setups (none with ``systems=False``) and ``compare``, a user's
+    (see :func:`user_setup`), compile what ``compiled`` (by :attr:`CompiledCandidate.key`)
+    lacks, price each.
 
     A system with several setups compiles every one whose candidate the planner's space holds
     (the IR estimate is reported, not used to choose) and takes the fastest predicted step; a
@@ -569,7 +570,8 @@ def score_baselines(workload: Workload, topology: Topology, pruning: Pruning,
             added.append(result)
 
     plans: dict[str, tuple[list[Trial], list[Setup]]] = {}
-    groups = [(name, system_setups(name, workload, topology)) for name in SYSTEMS]
+    groups = [(name, system_setups(name, workload, topology))
+              for name in (SYSTEMS if systems else ())]
     if compare is not None:
         groups.append((USER, [user_setup(compare, workload, topology)]))
     for name, setups in groups:

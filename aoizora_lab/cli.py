@@ -105,7 +105,8 @@ def _plan_command(args: argparse.Namespace) -> int:
                            "not exist; create it or write the plan elsewhere.")
     topology = case.topology()
     result = plan(workload, topology, num_layers=args.layers, budget=args.budget,
-                  quiet=args.quiet, compare=args.compare,
+                  quiet=args.quiet, compare=args.compare, max_compiled=args.max_compiled,
+                  systems=not args.no_systems,
                   **({"flags": args.flags} if args.flags else {}))
     best = result.best
     with pd.option_context("display.width", 250, "display.max_columns", 20,
@@ -120,10 +121,13 @@ def _plan_command(args: argparse.Namespace) -> int:
               f"communication {best.predicted.comm_s:.4g} s)")
         print("\nWhere its communication time goes:")
         print(best.breakdown.head(args.top).to_string(float_format=lambda v: f"{v:.4g}"))
-        print("\nThe systems people run (same compiler, same model; speedup_of_plan = "
-              "system / plan):")
-        print(result.baselines.to_frame().drop(columns=["reason", "note"])
-              .to_string(float_format=lambda v: f"{v:.4g}"))
+        if args.no_systems:
+            print("\nThe systems people run: not compared (--no-systems).")
+        else:
+            print("\nThe systems people run (same compiler, same model; speedup_of_plan = "
+                  "system / plan):")
+            print(result.baselines.to_frame().drop(columns=["reason", "note"])
+                  .to_string(float_format=lambda v: f"{v:.4g}"))
         print("\nWhere the gain comes from (ratio = other / plan; strategy: best system / "
               "best candidate in plain order):")
         print(result.headline.to_frame().to_string(float_format=lambda v: f"{v:.4g}"))
@@ -235,6 +239,11 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--flags", nargs="+", metavar="FLAGS",
                     help="compiler flag sets to search (names of compile.FLAG_SETS or quoted "
                          "LIBTPU_INIT_ARGS; default: default maxdiffusion-ulysses)")
+    pl.add_argument("--max-compiled", type=int, default=None, metavar="N",
+                    help="a quick answer: compile only the N survivors the IR estimates best "
+                         "(where estimates tie, the full search's winner may be left out)")
+    pl.add_argument("--no-systems", action="store_true",
+                    help="skip the existing systems' setups (their compiles); no headline")
     pl.add_argument("--quiet", action="store_true", help="no progress bar")
     pl.set_defaults(run=_plan_command)
     rep = commands.add_parser(
@@ -250,15 +259,16 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--quiet", action="store_true", help="no progress lines")
     rep.set_defaults(run=_reports_command)
     ben = commands.add_parser(
-        "bench", help="run the benchmarks (plan quality, search cost, placement throughput) "
+        "bench", help="run the benchmarks (plan quality, search cost, quick plans, placement "
+                      "throughput, interactive speed) "
                       "and write their Markdown report")
     ben.add_argument("--quick", action="store_true",
                      help="one small workload (1.3B@480p on v5e:2x4) compiled at 2 layers, "
                           "2,000 placement evaluations")
     ben.add_argument("--out", default="reports/benchmarks.md", help="the report to write")
     ben.add_argument("--only", nargs="+",
-                     choices=["plan-quality", "search-cost", "placement-throughput",
-                              "interactive"],
+                     choices=["plan-quality", "search-cost", "quick-plans",
+                              "placement-throughput", "interactive"],
                      help="run only these benchmarks")
     ben.add_argument("--num-layers", type=int, default=None,
                      help="compile depth (default: full, or 2 with --quick)")
@@ -266,7 +276,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="plan-quality cases, e.g. wan2.1-t2v-14b@1280x720x81/v5e:4x4 "
                           "(default: the documented matrix)")
     ben.add_argument("--search-cases", nargs="+", metavar="CASE",
-                     help="search-cost cases (default: wan2.1-t2v-14b@1280x720x81/v5e:4x4)")
+                     help="search-cost and quick-plans cases (default: "
+                          "wan2.1-t2v-14b@1280x720x81/v5e:4x4)")
     ben.add_argument("--skip-exhaustive", action="store_true",
                      help="search cost without the exhaustive comparison")
     ben.add_argument("--cache-dir", default=None,

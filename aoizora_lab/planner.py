@@ -178,10 +178,16 @@ def plan(workload: Workload, topology: Topology, *, keep: int = 3, budget: int =
          timeout_s: float = 900.0, quiet: bool = True,
          ir_cache_dir: IRCacheDir = None,
          flags: Sequence[str | CompilerFlags] = SEARCHED_FLAGS,
-         compare: Any = None) -> PlanResult:
+         compare: Any = None, max_compiled: int | None = None,
+         systems: bool = True) -> PlanResult:
     """Search candidates, compiler flags and placements of ``workload`` on ``topology``;
     rank; compare with the existing systems (and ``compare``, a setup of yours: MaxDiffusion
     config keys, Wan / xDiT flags or a mesh, see :func:`aoizora_lab.baselines.user_setup`).
+
+    A quick answer: ``max_compiled`` compiles at most that many survivors, the IR's best
+    (:func:`~aoizora_lab.prune.prune`'s ``max_kept``; where estimates tie, the compiled winner
+    may be among those left out), and ``systems=False`` skips the existing systems' setups
+    (their compiles; the headline then has no system to compare with).
 
     ``flags``: the flag sets every kept candidate is compiled with (names in
     :data:`aoizora_lab.compile.FLAG_SETS` or ``LIBTPU_INIT_ARGS`` strings; CPU host devices
@@ -198,6 +204,9 @@ def plan(workload: Workload, topology: Topology, *, keep: int = 3, budget: int =
                                ("top_placements", top_placements, 1)):
         if not is_whole(value, least):
             raise AoizoraError(f"plan({name}={value!r}): must be a whole number >= {least}.")
+    if max_compiled is not None and not is_whole(max_compiled, 1):
+        raise AoizoraError(f"plan(max_compiled={max_compiled!r}): must be a whole number >= 1 "
+                           "(survivors to compile at most), or None to compile every one.")
     if isinstance(flags, str | CompilerFlags) or not flags:
         raise AoizoraError(f"plan(flags={flags!r}): give a list of flag sets, e.g. "
                            f"{list(SEARCHED_FLAGS)}.")
@@ -215,7 +224,8 @@ def plan(workload: Workload, topology: Topology, *, keep: int = 3, budget: int =
 
     space = explain_candidates(workload, topology)
     stage("candidates", f"{len(space.valid)} valid candidates; tracing their IR")
-    pruning = prune(space.valid, workload, topology, keep=keep, ir_cache_dir=ir_cache_dir)
+    pruning = prune(space.valid, workload, topology, keep=keep, ir_cache_dir=ir_cache_dir,
+                    max_kept=max_compiled)
     if not pruning.kept:
         raise AoizoraError(
             f"No candidate of {workload.name} on {topology.name} survived pruning: "
@@ -240,7 +250,8 @@ def plan(workload: Workload, topology: Topology, *, keep: int = 3, budget: int =
 
     try:
         compiled, skipped = _compile_flag_sets(pruning.kept, flag_sets, compile, topology)
-        stage("compiled", "compiling the existing systems' setups")
+        stage("compiled", "compiling the existing systems' setups" if systems else
+              "not compiling the existing systems' setups (systems=False)")
         if not compiled.ok:
             raise AoizoraError(
                 "No candidate compiled: "
@@ -253,7 +264,7 @@ def plan(workload: Workload, topology: Topology, *, keep: int = 3, budget: int =
         # search places their programs too: the plan searches the space the systems run in.
         baselines, added = score_baselines(workload, topology, pruning,
                                            {r.key: r for r in compiled}, compile,
-                                           compare=compare)
+                                           compare=compare, systems=systems)
     finally:
         if executor is None:
             pool.shutdown()

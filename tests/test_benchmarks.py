@@ -84,6 +84,32 @@ def test_plan_quality_compares_the_plan_with_every_existing_system(quality):
 
 
 @pytest.mark.slow
+def test_quick_plans_price_a_compile_budget_against_the_full_search(cost, slice_2x2):
+    # After the search-cost fixture, whose compiles the full search reads back.
+    quick = script("quick_plans").run([Case(SMALL, slice_2x2.name)], budget=300, max_k=3)
+    full = quick.full.iloc[0]
+    assert full["status"] == "ok" and full["full_compiles"] >= 1
+    assert full["plan_s"] == pytest.approx(cost.summary.iloc[0]["plan_s"])
+    budgets = quick.budgets
+    assert list(budgets["max_compiled"]) == list(range(1, len(budgets) + 1))
+    assert 1 <= len(budgets) <= 3 and (budgets["status"] == "ok").all()
+    # Fewer programs to choose from, the same search: never better than the full search.
+    assert (budgets["regret_percent"] >= -1e-6).all()
+    assert budgets["regret_percent"].to_numpy() == pytest.approx(
+        100 * (budgets["plan_s"].to_numpy() / full["plan_s"] - 1))
+    assert (budgets["compiles"] >= budgets["max_compiled"]).all()
+    exact = budgets.index[budgets["regret_percent"] <= 1e-9]
+    timed = budgets.index[budgets["cold_s"].notna()]
+    if len(exact):  # the first budget that found the full plan is timed cold, and the one before
+        assert list(timed) == [i for i in (exact[0] - 1, exact[0]) if i >= 0]
+        assert (budgets.loc[timed, "cold_s"] > 0).all()
+    else:
+        assert timed.empty
+    text = quick.markdown()
+    assert text.startswith("## Quick plans") and "max_compiled" in text
+
+
+@pytest.mark.slow
 def test_search_cost_compares_pruned_and_exhaustive_search(cost):
     row = cost.summary.iloc[0]
     assert row["status"] == "ok" and row["exhaustive_status"] == "ok"
@@ -272,6 +298,7 @@ def test_bench_refuses_a_bad_case_before_any_benchmark_runs(tmp_path, monkeypatc
 @pytest.mark.parametrize("name, argv", [
     ("plan_quality", ["--cases", "v5e:2x4"]),
     ("search_cost", ["--cases", "v5e:2x4"]),
+    ("quick_plans", ["--cases", "v5e:2x4"]),
     ("compile_survivors", ["--cases", "v5e:2x4"]),
     ("ir_vs_compiled", ["--cases", "v5e:2x4"]),
     ("placement_throughput", ["--case", "v5e:2x4", "cfg2-uly4"]),

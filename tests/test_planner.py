@@ -24,6 +24,19 @@ def planned():
 
 
 @pytest.mark.slow  # the planned fixture compiles in child processes
+def test_a_quick_plan_compiles_the_best_estimates_only_and_no_system(planned):
+    quick = plan(WORKLOAD, planned.best.topology, budget=400, max_compiled=2, systems=False)
+    assert quick.pruning.kept == planned.pruning.kept[:2]
+    assert {r.candidate.name for r in quick.compiled} == {c.name for c in quick.pruning.kept}
+    assert not list(quick.baselines) and not list(quick.baseline_compiles)
+    assert quick.headline.best_system == "" and np.isnan(quick.headline.vs_existing)
+    # The best of fewer programs, placed by the same (deterministic) search.
+    assert quick.best.predicted.total_s >= planned.searched.predicted.total_s - 1e-12
+    with pytest.raises(az.AoizoraError, match="max_compiled=0"):
+        plan(WORKLOAD, planned.best.topology, max_compiled=0)
+
+
+@pytest.mark.slow  # the planned fixture compiles in child processes
 def test_the_plan_is_never_predicted_slower_than_a_baseline(planned):
     outcomes = {b.name: b for b in planned.baselines}
     assert list(outcomes) == list(SYSTEMS)

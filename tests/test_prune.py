@@ -81,6 +81,23 @@ def test_bad_pruning_options_are_named(swept):
     workload, topology, candidates, estimates = swept
     with pytest.raises(az.AoizoraError, match="keep=0"):
         prune(candidates, workload, topology, keep=0, estimates=estimates)
+    for bad in (0, 1.5, True):
+        with pytest.raises(az.AoizoraError, match=f"max_kept={bad!r}"):
+            prune(candidates, workload, topology, max_kept=bad, estimates=estimates)
+
+
+def test_a_compile_budget_keeps_the_best_estimates_only(swept):
+    from aoizora_lab.prune import Verdict
+
+    workload, topology, candidates, estimates = swept
+    full = prune(candidates, workload, topology, estimates=estimates)
+    quick = prune(candidates, workload, topology, estimates=estimates, max_kept=2)
+    assert len(full.kept) > 2 and quick.kept == full.kept[:2]
+    dropped = [quick.decision(c.name) for c in full.kept[2:]]
+    assert all(d.verdict is Verdict.OVER_BUDGET and "best 2 of" in d.reason for d in dropped)
+    # Everything else is decided as without the budget.
+    assert {d.candidate.name: d.verdict for d in quick if d.candidate not in full.kept} == {
+        d.candidate.name: d.verdict for d in full if d.candidate not in full.kept}
 
 
 def test_when_every_trace_fails_the_table_is_whole_and_plan_says_why(monkeypatch):

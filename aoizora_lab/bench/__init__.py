@@ -17,6 +17,8 @@ One module per benchmark, each with its matrix, its targets and its section of t
   empty and with a filled compile cache, what it enumerated, traced and compiled, against an
   exhaustive search (every valid candidate compiled and placed): top-1, regret, and how well
   the IR estimate orders the candidates;
+- :mod:`~aoizora_lab.bench.quick` — :func:`quick_plans`: plans with a compile budget
+  (``plan(max_compiled=k, systems=False)``) against the full search: regret and cold time;
 - :mod:`~aoizora_lab.bench.throughput` — :func:`placement_throughput`: placements scored per
   second on Wan-sized programs;
 - :mod:`~aoizora_lab.bench.interactive` — :func:`interactive_speed`: the main job from empty
@@ -53,6 +55,7 @@ from aoizora_lab.bench.quality import (
     quality_targets,
     useful_flops,
 )
+from aoizora_lab.bench.quick import QUICK_PLAN_MAX, QuickPlans, quick_plans
 from aoizora_lab.bench.report import (
     ReportFile,
     environment,
@@ -86,6 +89,7 @@ __all__ = [
     "MAIN_JOB_TARGET_S",
     "QUICK_LAYERS",
     "QUICK_MATRIX",
+    "QUICK_PLAN_MAX",
     "REGRET_TARGET_PERCENT",
     "RERUN_TARGET_S",
     "ROOFLINE_TARGET",
@@ -95,6 +99,7 @@ __all__ = [
     "THROUGHPUT_LAYERS",
     "WARM_TARGET_S",
     "PlanQuality",
+    "QuickPlans",
     "ReportFile",
     "SearchCost",
     "environment",
@@ -104,6 +109,7 @@ __all__ = [
     "placement_throughput",
     "plan_quality",
     "quality_targets",
+    "quick_plans",
     "render_report",
     "run_all",
     "search_cost",
@@ -111,7 +117,8 @@ __all__ = [
     "useful_flops",
 ]
 
-BENCHMARKS = ("plan-quality", "search-cost", "placement-throughput", "interactive")
+BENCHMARKS = ("plan-quality", "search-cost", "quick-plans", "placement-throughput",
+              "interactive")
 """The benchmarks :func:`run_all` knows, in the order it runs them."""
 
 
@@ -164,6 +171,10 @@ def run_all(*, quick: bool = False, out: str | Path = "reports/benchmarks.md",
                                 ).markdown())
     if "search-cost" in chosen:
         report.add(search_cost(search_matrix, num_layers=layers, exhaustive=not skip_exhaustive,
+                               progress=progress).markdown())
+    if "quick-plans" in chosen:  # after search cost, whose compiles it reads back
+        report.add(quick_plans(search_matrix, num_layers=layers,
+                               max_k=3 if quick else QUICK_PLAN_MAX,
                                progress=progress).markdown())
     if "placement-throughput" in chosen:
         if progress:

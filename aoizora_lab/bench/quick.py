@@ -1,0 +1,144 @@
+"""Quick plans: what a compile budget buys and loses against the full search.
+
+:func:`quick_plans` plans each case in full (the compile cache as it is: warm after the
+search-cost benchmark), then again with ``plan(max_compiled=k, systems=False)`` for k = 1,
+2, ...: the IR's best k survivors, each with the flag sets worth it, and no existing
+system's setup. Each row is that plan, its regret against the full search's plan and its
+compiles. A cold quick plan (an empty cache) is timed for the smallest k that found the full
+search's plan and for the k before it: the budget a user would have needed, known only
+afterwards (the IR ties on compute-bound cases, so no rule picks k in advance), and what
+one less would have lost.
+
+Example (14B@720p on ``v5e:4x4``): the IR's best four are ``cfg2-uly2-ctx4-*`` and
+``cfg2-uly2-ring2-ctx2-*``, 6 % slower once compiled; the fifth, ``cfg2-uly8-fsdp``, is
+the full search's plan.
+"""
+
+from __future__ import annotations
+
+import math
+import tempfile
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+
+from aoizora_lab.bench.report import case_row, config_line, markdown_table
+from aoizora_lab.bench.search import SEARCH_COST_MATRIX
+from aoizora_lab.cases import Case
+from aoizora_lab.topology import Topology
+from aoizora_lab.versions import cache_root_at
+from aoizora_lab.workload import Workload
+
+QUICK_PLAN_MAX = 8
+"""Largest compile budget k tried (fewer where pruning keeps fewer)."""
+
+_COLUMNS = ["workload", "slice", "status", "max_compiled", "candidate", "flags", "plan_s",
+            "regret_percent", "compiles", "compiled_now", "cold_s"]
+
+
+@dataclass(frozen=True, eq=False)
+class QuickPlans:
+    """:func:`quick_plans`' tables."""
+
+    full: pd.DataFrame
+    """One row per case: the full search's plan, its compiles and wall time (this run)."""
+    budgets: pd.DataFrame
+    """One row per case and k: the quick plan, its regret, its compiles and, where timed,
+    its wall time from an empty cache."""
+    config: dict[str, Any] = field(default_factory=dict)
+    """How it was run."""
+
+    def markdown(self) -> str:
+        """The section of the benchmark report."""
+        return "\n\n".join([
+            "## Quick plans",
+            "`plan(max_compiled=k, systems=False)` (`aoizora-lab plan CASE --max-compiled k "
+            "--no-systems`): only the IR's best k survivors compiled, each with the flag sets "
+            "worth it, and no existing system's setup, against the full search on the same "
+            "case (its plan, `full_compiles`: survivors x flag sets plus the systems' setups, "
+            "and `full_wall_s`, this run's, on the compile cache as it was: `all_cached` "
+            "says whether anything compiled). `regret_percent`: the quick plan's step over "
+            "the full search's; `compiled_now`: compiles the full search had not made (the "
+            "budget changes which further flag sets could still win); `cold_s`: the quick "
+            "plan from an empty cache, timed for the smallest k that found the full search's "
+            "plan and the k before it. That k is known only afterwards: where the IR "
+            "estimates tie, no rule picks it in advance. " + config_line(self.config),
+            markdown_table(self.full),
+            markdown_table(self.budgets),
+        ])
+
+
+def quick_plans(cases: Iterable[Case | str] = SEARCH_COST_MATRIX, *,
+                num_layers: int | None = None, budget: int = 20_000,
+                max_k: int = QUICK_PLAN_MAX,
+                progress: Callable[[str], None] | None = None) -> QuickPlans:
+    """The full search and quick plans for k = 1..``max_k`` on each case (module docstring)."""
+    fulls: list[dict[str, Any]] = []
+    budgets: list[dict[str, Any]] = []
+
+    def measure(workload: Workload, topology: Topology) -> dict[str, Any]:
+        row, rows = _measure(workload, topology, num_layers=num_layers, budget=budget,
+                             max_k=max_k, progress=progress)
+        budgets.extend(rows)
+        return row
+
+    for case in cases:
+        fulls.append(case_row(case, measure))
+    full = pd.DataFrame(fulls).reindex(columns=[
+        "workload", "slice", "status", "candidate", "flags", "plan_s", "full_compiles",
+        "full_wall_s", "all_cached"])
+    config = {"num_layers": num_layers or "full depth", "budget": budget, "max_k": max_k}
+    return QuickPlans(full, pd.DataFrame(budgets).reindex(columns=_COLUMNS), config)
+
+
+def _measure(workload: Workload, topology: Topology, *, num_layers: int | None, budget: int,
+             max_k: int, progress: Callable[[str], None] | None
+             ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    import jax
+
+    from aoizora_lab.planner import plan
+
+    def run(**options: Any) -> tuple[Any, float]:
+        start = time.perf_counter()
+        result = plan(workload, topology, budget=budget, num_layers=num_layers, **options)
+        return result, time.perf_counter() - start
+
+    where = {"workload": workload.name, "slice": topology.name}
+    if progress:
+        progress(f"quick plans: {workload.name} on {topology.name}, the full search")
+    full, full_s = run()
+    full_s_step = full.best.predicted.total_s
+    compiles = [*full.compiled, *full.baseline_compiles]
+    done = {r.key for r in compiles}
+    row = {"status": "ok", "candidate": full.best.candidate.name,
+           "flags": full.best.flags.label, "plan_s": full_s_step,
+           "full_compiles": len(compiles), "full_wall_s": full_s,
+           "all_cached": all(r.cached for r in compiles)}
+    rows = []
+    for k in range(1, min(max_k, len(full.pruning.kept)) + 1):
+        if progress:
+            progress(f"quick plans: {workload.name} on {topology.name}, max_compiled={k}")
+        quick, _ = run(max_compiled=k, systems=False)
+        rows.append({**where, "status": "ok", "max_compiled": k,
+                     "candidate": quick.best.candidate.name, "flags": quick.best.flags.label,
+                     "plan_s": quick.best.predicted.total_s,
+                     "regret_percent": 100.0 * (quick.best.predicted.total_s / full_s_step - 1),
+                     "compiles": len(quick.compiled),
+                     "compiled_now": sum(r.key not in done for r in quick.compiled),
+                     "cold_s": math.nan})
+    found = [i for i, r in enumerate(rows) if r["regret_percent"] <= 1e-9]
+    for i in ([found[0] - 1, found[0]] if found else []):
+        if i < 0:
+            continue
+        if progress:
+            progress(f"quick plans: {workload.name} on {topology.name}, "
+                     f"max_compiled={rows[i]['max_compiled']} from an empty cache")
+        # Every cache (compiles, IR traces, memoized searches) in an empty folder.
+        jax.clear_caches()
+        with (tempfile.TemporaryDirectory(prefix="aoizora-quick-") as cache,
+              cache_root_at(cache)):
+            _, rows[i]["cold_s"] = run(max_compiled=rows[i]["max_compiled"], systems=False)
+    return row, rows
