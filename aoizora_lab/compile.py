@@ -274,7 +274,10 @@ def compile_candidates(candidates: Sequence[Candidate], workload: Workload, topo
             raw[i] = outcome = future.result()
             results[i] = result = _result(candidates[i], outcome, model.num_layers, num_layers,
                                           flags)
-            extra = describe(result) if describe else ""
+            try:
+                extra = describe(result) if describe else ""
+            except Exception:  # a progress line never ends a sweep
+                extra = ""
             if not outcome.get("cached"):  # a cached one takes no time worth a line
                 compiled += 1
                 # Time per compile so far (parallel workers included) x compiles to go;

@@ -89,6 +89,14 @@ def test_each_compile_says_how_long_the_sweep_has_left(host, tmp_path, monkeypat
     compile_candidates(_candidates()[:2], WORKLOAD, host, cache_dir=tmp_path)
     assert "compile " not in capsys.readouterr().err  # cached: nothing worth a line
 
+    def broken(result):
+        raise RuntimeError("boom")
+
+    again = compile_candidates(_candidates()[:2], WORKLOAD, host, cache_dir=tmp_path,
+                               describe=broken)  # a progress hook that fails ends nothing
+    assert [(r.candidate.name, r.status) for r in again] == [
+        (r.candidate.name, r.status) for r in results]
+
 
 def test_a_hang_past_the_timeout_is_recorded(host, tmp_path, monkeypatch):
     candidate = _candidates()[0]
