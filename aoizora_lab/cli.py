@@ -106,7 +106,7 @@ def _plan_command(args: argparse.Namespace) -> int:
     topology = case.topology()
     result = plan(workload, topology, num_layers=args.layers, budget=args.budget,
                   quiet=args.quiet, compare=args.compare, max_compiled=args.max_compiled,
-                  systems=not args.no_systems,
+                  time_limit_s=args.time_limit, systems=False if args.no_systems else None,
                   **({"flags": args.flags} if args.flags else {}))
     best = result.best
     with pd.option_context("display.width", 250, "display.max_columns", 20,
@@ -121,8 +121,13 @@ def _plan_command(args: argparse.Namespace) -> int:
               f"communication {best.predicted.comm_s:.4g} s)")
         print("\nWhere its communication time goes:")
         print(best.breakdown.head(args.top).to_string(float_format=lambda v: f"{v:.4g}"))
-        if args.no_systems:
-            print("\nThe systems people run: not compared (--no-systems).")
+        unstarted = [r for r in result.compiled if r.status == "unstarted"]
+        if unstarted:
+            print(f"\nNot compiled within the {args.time_limit:g} s limit: "
+                  + ", ".join(f"{r.candidate.name} ({r.flags.label} flags)" for r in unstarted))
+        if args.no_systems or args.time_limit is not None:
+            print("\nThe systems people run: not compared ("
+                  + ("--no-systems" if args.no_systems else "--time-limit") + ").")
         else:
             print("\nThe systems people run (same compiler, same model; speedup_of_plan = "
                   "system / plan):")
@@ -242,6 +247,9 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--max-compiled", type=int, default=None, metavar="N",
                     help="a quick answer: compile only the N survivors the IR estimates best "
                          "(where estimates tie, the full search's winner may be left out)")
+    pl.add_argument("--time-limit", type=float, default=None, metavar="SECONDS",
+                    help="answer within SECONDS (plus the placement search): survivors compile "
+                         "best estimate first, none starts that would end later; no systems")
     pl.add_argument("--no-systems", action="store_true",
                     help="skip the existing systems' setups (their compiles); no headline")
     pl.add_argument("--quiet", action="store_true", help="no progress bar")

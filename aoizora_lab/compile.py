@@ -4,10 +4,10 @@ Each compile runs in its own child process (``python -m aoizora_lab.compile_work
 TPU compiles abort the whole process (SIGABRT), and a child that dies, hangs past
 ``timeout_s`` or runs out of HBM becomes a *status* on its :class:`CompiledCandidate`
 (``ok``, ``oom``, ``crash``, ``timeout``, ``error``, with the compiler's message), never an
-exception that ends the sweep. The children are started from an ``Executor``: by default a
-thread pool with one slot per core (each slot waits on one child process); pass
-``dask.distributed.Client(...).get_executor()`` to fan a sweep out over a cluster, where each
-worker starts its own children.
+exception that ends the sweep (``unstarted``: a time-limited plan did not start it). The
+children are started from an ``Executor``: by default a thread pool with one slot per core
+(each slot waits on one child process); pass ``dask.distributed.Client(...).get_executor()``
+to fan a sweep out over a cluster, where each worker starts its own children.
 
 Results are cached on disk (default ``data/cache/compile``, or ``compile/`` under
 ``$AOIZORA_LAB_CACHE_DIR``), one folder per compile keyed by everything that changes the
@@ -44,6 +44,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -75,7 +76,7 @@ from aoizora_lab.workload import Workload
 if TYPE_CHECKING:
     import pandas as pd
 
-STATUSES = ("ok", "oom", "crash", "timeout", "error")
+STATUSES = ("ok", "oom", "crash", "timeout", "error", "unstarted")
 CACHED_STATUSES = ("ok", "oom")
 
 
@@ -239,61 +240,143 @@ def compile_candidates(candidates: Sequence[Candidate], workload: Workload, topo
     :func:`compiler_flags`); one result per candidate, in order. ``describe``: called on each
     result as it arrives; its text ends that compile's progress line (the planner's best
     step so far)."""
-    check_compilable(topology)
     flags = compiler_flags(flags)
-    model = workload.config()
-    check_num_layers(num_layers, model.num_layers)
-    for candidate in candidates:
+    with CompileQueue(workload, topology, executor=executor, cache_dir=cache_dir,
+                      timeout_s=timeout_s, num_layers=num_layers, describe=describe,
+                      expected=len(candidates)) as queue:
+        for candidate in candidates:  # every one checked before anything compiles
+            queue.check(candidate)
+        futures = {queue.submit(c, flags): i for i, c in enumerate(candidates)}
+        results = {futures[f]: queue.finish(candidates[futures[f]], flags, f.result())
+                   for f in cf.as_completed(futures)}
+    return Compiles(results[i] for i in range(len(candidates)))
+
+
+class CompileQueue:
+    """The compiles of one workload on one slice at one depth, through one pool, from any
+    thread: one count on the progress lines, one host-memory record (:func:`compile_executor`).
+    :func:`compile_candidates` compiles a list through one; the planner compiles each
+    survivor's flag sets as its first compile comes back (:meth:`compile`).
+
+    ``deadline`` (a ``time.monotonic()`` time, or None): once a compile has come back,
+    :meth:`compile` starts none that would end after it, judged by the mean time of the
+    compiles this queue ran, and returns an ``unstarted`` result that says so instead (the
+    first round always starts: a plan needs a program).
+    ``expected``: how many compiles the progress lines count to; ``at_most``: that is a bound
+    (the planner's further flag sets), not a promise.
+    """
+
+    def __init__(self, workload: Workload, topology: Topology, *,
+                 executor: cf.Executor | None = None, cache_dir: str | Path | None = None,
+                 timeout_s: float = 900.0, num_layers: int | None = None,
+                 describe: Callable[[CompiledCandidate], str] | None = None,
+                 expected: int = 0, at_most: bool = False,
+                 deadline: float | None = None) -> None:
+        check_compilable(topology)
+        check_num_layers(num_layers, workload.config().num_layers)
+        if (isinstance(timeout_s, bool) or not isinstance(timeout_s, int | float)
+                or not timeout_s > 0):
+            raise AoizoraError(f"timeout_s={timeout_s!r} must be a positive number of seconds.")
+        self.workload, self.topology, self.num_layers = workload, topology, num_layers
+        self.timeout_s, self.describe, self.deadline = timeout_s, describe, deadline
+        self.expected, self.at_most = expected, at_most
+        self.cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+        self.own = executor is None
+        self.pool = executor or compile_executor(workload, topology, cache_dir=self.cache,
+                                                 num_layers=num_layers)
+        self.lock = threading.Lock()
+        self.start = time.monotonic()
+        self.submitted = self.done = 0
+        self.fresh_seconds: list[float] = []
+        self.host_peaks: list[float] = []
+
+    @property
+    def width(self) -> int | None:
+        """Compiles the pool runs at a time, where it says (thread and process pools)."""
+        return getattr(self.pool, "_max_workers", None)
+
+    def check(self, candidate: Candidate) -> None:
+        """Raise :class:`AoizoraError` unless ``candidate`` can compile on this slice."""
         if not isinstance(candidate, Candidate):
             raise AoizoraError(
                 f"compile_candidates needs Candidate objects, got {candidate!r}; build one with "
                 "Candidate.from_name('cfg2-uly4') or enumerate_candidates(workload, topology)."
             )
-        if candidate.num_devices != topology.num_devices:
+        if candidate.num_devices != self.topology.num_devices:
             raise AoizoraError(
                 f"Candidate {candidate.name!r} spans {candidate.num_devices} devices but "
-                f"{topology.name} has {topology.num_devices}; its role degrees must multiply to "
-                f"{topology.num_devices} (enumerate_candidates(workload, topology) lists those)."
+                f"{self.topology.name} has {self.topology.num_devices}; its role degrees must "
+                f"multiply to {self.topology.num_devices} (enumerate_candidates(workload, "
+                "topology) lists those)."
             )
-    if isinstance(timeout_s, bool) or not isinstance(timeout_s, int | float) or not timeout_s > 0:
-        raise AoizoraError(f"timeout_s={timeout_s!r} must be a positive number of seconds.")
-    cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    jobs = [_job(c, workload, topology, num_layers, flags) for c in candidates]
-    sweep = _sweep_key(jobs[0]) if jobs else ""
-    own = executor is None
-    pool = executor or compile_executor(workload, topology, cache_dir=cache,
-                                        num_layers=num_layers)
-    results: dict[int, CompiledCandidate] = {}
-    raw: dict[int, dict[str, Any]] = {}
-    try:
-        start, compiled = time.monotonic(), 0
-        futures = {pool.submit(run_job, job, str(cache), timeout_s): i
-                   for i, job in enumerate(jobs)}
-        for done, future in enumerate(cf.as_completed(futures), 1):
-            i = futures[future]
-            raw[i] = outcome = future.result()
-            results[i] = result = _result(candidates[i], outcome, model.num_layers, num_layers,
-                                          flags)
-            try:
-                extra = describe(result) if describe else ""
-            except Exception:  # a progress line never ends a sweep
-                extra = ""
-            if not outcome.get("cached"):  # a cached one takes no time worth a line
-                compiled += 1
-                # Time per compile so far (parallel workers included) x compiles to go;
-                # an overestimate when some still to come are cached.
-                left = (time.monotonic() - start) / compiled * (len(jobs) - done)
-                progress_note(f"compile {done} of {len(jobs)} ({workload.name} on "
-                              f"{topology.name}): {candidates[i].name} ({flags.label} "
-                              f"flags) {outcome['status']} in "
-                              f"{float(outcome.get('compile_seconds', 0.0)):.0f} s"
-                              + (f"; about {duration(left)} left" if done < len(jobs) else "")
-                              + (f"; {extra}" if extra else ""))
-    finally:
-        if own:
-            pool.shutdown()
-    _record_host_peak(cache, sweep, [r.get("host_peak_bytes", math.nan) for r in raw.values()])
-    return Compiles(results[i] for i in range(len(jobs)))
+
+    def submit(self, candidate: Candidate, flags: CompilerFlags) -> cf.Future:
+        """Start compiling ``candidate`` with ``flags``: a future of the raw result, for
+        :meth:`finish`."""
+        self.check(candidate)
+        with self.lock:
+            self.submitted += 1
+        job = _job(candidate, self.workload, self.topology, self.num_layers, flags)
+        return self.pool.submit(run_job, job, str(self.cache), self.timeout_s)
+
+    def finish(self, candidate: Candidate, flags: CompilerFlags,
+               raw: dict[str, Any]) -> CompiledCandidate:
+        """The result of a compile :meth:`submit` started, with its progress line."""
+        result = _result(candidate, raw, self.workload.config().num_layers, self.num_layers,
+                         flags)
+        try:
+            extra = self.describe(result) if self.describe else ""
+        except Exception:  # a progress line never ends a sweep
+            extra = ""
+        with self.lock:
+            self.done += 1
+            done, total = self.done, max(self.expected, self.submitted)
+            self.host_peaks.append(raw.get("host_peak_bytes", math.nan))
+            if not raw.get("cached"):  # a cached one takes no time worth a line
+                self.fresh_seconds.append(result.compile_seconds)
+            fresh = len(self.fresh_seconds)
+        if not raw.get("cached"):
+            # Time per compile so far (parallel workers included) x compiles to go;
+            # an overestimate when some still to come are cached or spared.
+            left = (time.monotonic() - self.start) / fresh * (total - done)
+            progress_note(f"compile {done} of {'at most ' if self.at_most else ''}{total} "
+                          f"({self.workload.name} on {self.topology.name}): {candidate.name} "
+                          f"({flags.label} flags) {raw['status']} in "
+                          f"{result.compile_seconds:.0f} s"
+                          + (f"; about {duration(left)} left" if done < total else "")
+                          + (f"; {extra}" if extra else ""))
+        return result
+
+    def compile(self, candidate: Candidate, flags: CompilerFlags) -> CompiledCandidate:
+        """Compile ``candidate`` with ``flags`` and wait for it; ``unstarted`` where it would
+        end after the deadline."""
+        now = time.monotonic()
+        with self.lock:
+            typical = (sum(self.fresh_seconds) / len(self.fresh_seconds)
+                       if self.fresh_seconds else 0.0)
+            late = self.done > 0 and self.deadline is not None and now + typical > self.deadline
+        if late:
+            with self.lock:
+                self.done += 1
+            return CompiledCandidate(
+                candidate, "unstarted",
+                f"not compiled: it would end about {now + typical - self.deadline:.0f} s after "
+                f"the time limit (compiles here take {typical:.0f} s); raise the limit to "
+                "compile it", 0.0, flags=flags)
+        return self.finish(candidate, flags, self.submit(candidate, flags).result())
+
+    def close(self) -> None:
+        """Record the compiles' host memory; shut the pool down if this queue made it."""
+        _record_host_peak(self.cache, _sweep_key(_sweep(self.workload, self.topology,
+                                                         self.num_layers)), self.host_peaks)
+        if self.own:
+            self.pool.shutdown()
+
+    def __enter__(self) -> CompileQueue:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def compile_executor(workload: Workload, topology: Topology, *,

@@ -21,7 +21,8 @@ from __future__ import annotations
 import concurrent.futures as cf
 import math
 import threading
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -37,6 +38,7 @@ from aoizora_lab.baselines import (
 from aoizora_lab.candidates import Candidate, CandidateSpace, explain_candidates
 from aoizora_lab.compile import (
     CompiledCandidate,
+    CompileQueue,
     CompilerFlags,
     Compiles,
     check_compilable,
@@ -45,7 +47,7 @@ from aoizora_lab.compile import (
     compile_executor,
     compiler_flags,
 )
-from aoizora_lab.cost import breakdown, predict
+from aoizora_lab.cost import Predicted, breakdown, predict
 from aoizora_lab.errors import AoizoraError, is_whole
 from aoizora_lab.hlo import CommProgram
 from aoizora_lab.ir_estimate import IRCacheDir
@@ -179,7 +181,7 @@ def plan(workload: Workload, topology: Topology, *, keep: int = 3, budget: int =
          ir_cache_dir: IRCacheDir = None,
          flags: Sequence[str | CompilerFlags] = SEARCHED_FLAGS,
          compare: Any = None, max_compiled: int | None = None,
-         systems: bool = True) -> PlanResult:
+         time_limit_s: float | None = None, systems: bool | None = None) -> PlanResult:
     """Search candidates, compiler flags and placements of ``workload`` on ``topology``;
     rank; compare with the existing systems (and ``compare``, a setup of yours: MaxDiffusion
     config keys, Wan / xDiT flags or a mesh, see :func:`aoizora_lab.baselines.user_setup`).
@@ -187,7 +189,12 @@ def plan(workload: Workload, topology: Topology, *, keep: int = 3, budget: int =
     A quick answer: ``max_compiled`` compiles at most that many survivors, the IR's best
     (:func:`~aoizora_lab.prune.prune`'s ``max_kept``; where estimates tie, the compiled winner
     may be among those left out), and ``systems=False`` skips the existing systems' setups
-    (their compiles; the headline then has no system to compare with).
+    (their compiles; the headline then has no system to compare with). ``time_limit_s``
+    answers within that many seconds (plus the placement search, seconds): survivors compile
+    best estimate first, each with its further flag sets before the next survivors, and none
+    starts that would end after the limit (those are ``unstarted`` in :attr:`PlanResult.
+    compiled`); the systems' setups are then left out (``systems`` defaults to ``True``
+    without a limit, ``False`` with one; both at once is refused).
 
     ``flags``: the flag sets every kept candidate is compiled with (names in
     :data:`aoizora_lab.compile.FLAG_SETS` or ``LIBTPU_INIT_ARGS`` strings; CPU host devices
@@ -207,6 +214,17 @@ def plan(workload: Workload, topology: Topology, *, keep: int = 3, budget: int =
     if max_compiled is not None and not is_whole(max_compiled, 1):
         raise AoizoraError(f"plan(max_compiled={max_compiled!r}): must be a whole number >= 1 "
                            "(survivors to compile at most), or None to compile every one.")
+    if time_limit_s is not None and (isinstance(time_limit_s, bool) or not isinstance(
+            time_limit_s, int | float) or not 0 < time_limit_s < math.inf):
+        raise AoizoraError(f"plan(time_limit_s={time_limit_s!r}): give a positive number of "
+                           "seconds (e.g. 300), or None for the full search.")
+    if systems and time_limit_s is not None:
+        raise AoizoraError(
+            f"plan(time_limit_s={time_limit_s}, systems=True): the existing systems' setups "
+            "are a dozen more compiles that no time limit bounds; leave systems out (the "
+            "default with a limit) or drop the limit for the full comparison.")
+    systems = time_limit_s is None if systems is None else systems
+    deadline = None if time_limit_s is None else time.monotonic() + time_limit_s
     if isinstance(flags, str | CompilerFlags) or not flags:
         raise AoizoraError(f"plan(flags={flags!r}): give a list of flag sets, e.g. "
                            f"{list(SEARCHED_FLAGS)}.")
@@ -241,6 +259,10 @@ def plan(workload: Workload, topology: Topology, *, keep: int = 3, budget: int =
     # side by side, so no worker idles at the end of one while another waits.
     pool = executor or compile_executor(workload, topology, cache_dir=cache_dir,
                                         num_layers=num_layers)
+    queue = CompileQueue(workload, topology, executor=pool, cache_dir=cache_dir,
+                         timeout_s=timeout_s, num_layers=num_layers, describe=best_so_far,
+                         expected=len(pruning.kept) * len(flag_sets), at_most=True,
+                         deadline=deadline)
 
     def compile(candidates: list[Candidate], with_flags: CompilerFlags) -> Compiles:
         return compile_candidates(candidates, workload, topology, executor=pool,
@@ -249,9 +271,12 @@ def plan(workload: Workload, topology: Topology, *, keep: int = 3, budget: int =
                                   describe=best_so_far)
 
     try:
-        compiled, skipped = _compile_flag_sets(pruning.kept, flag_sets, compile, topology)
+        with queue:
+            compiled, skipped = _compile_flag_sets(pruning.kept, flag_sets, queue,
+                                                   best_so_far)
         stage("compiled", "compiling the existing systems' setups" if systems else
-              "not compiling the existing systems' setups (systems=False)")
+              "not compiling the existing systems' setups ("
+              + ("systems=False)" if time_limit_s is None else f"a {time_limit_s:g} s limit)"))
         if not compiled.ok:
             raise AoizoraError(
                 "No candidate compiled: "
@@ -263,7 +288,8 @@ def plan(workload: Workload, topology: Topology, *, keep: int = 3, budget: int =
         # The existing systems' setups (and yours) are compiled before placement, so the
         # search places their programs too: the plan searches the space the systems run in.
         baselines, added = score_baselines(workload, topology, pruning,
-                                           {r.key: r for r in compiled}, compile,
+                                           {r.key: r for r in compiled
+                                            if r.status != "unstarted"}, compile,
                                            compare=compare, systems=systems)
     finally:
         if executor is None:
@@ -288,18 +314,38 @@ def plan(workload: Workload, topology: Topology, *, keep: int = 3, budget: int =
 
 
 class _BestSoFar:
-    """The fastest step priced so far in plain device order, for the progress lines: a cold
-    plan compiles for minutes, best IR estimate first, and says what it would answer now."""
+    """Each compile's step in plain device order and the fastest so far: for the progress
+    lines (a cold plan compiles for minutes, best IR estimate first, and says what it would
+    answer now) and for the flag rule of :func:`_compile_flag_sets`."""
 
     def __init__(self, topology: Topology) -> None:
         self.topology = topology
         self.plain = plain_order(topology)
         self.best: tuple[float, str] | None = None
-        self.lock = threading.Lock()  # sweeps with different flags report side by side
+        self.prices: dict[tuple[str, str], Predicted] = {}
+        self.lock = threading.Lock()  # compiles report from several threads
+
+    @property
+    def best_s(self) -> float:
+        """The fastest step priced so far (inf before any)."""
+        with self.lock:
+            return self.best[0] if self.best else math.inf
+
+    def price(self, result: CompiledCandidate) -> Predicted | None:
+        """``result``'s step in plain order (``None`` without a program), priced once."""
+        if result.status != "ok" or result.program is None:
+            return None
+        with self.lock:
+            known = self.prices.get(result.key)
+        if known is None:
+            known = predict(result.program, self.topology, self.plain)
+            with self.lock:
+                self.prices[result.key] = known
+        return known
 
     def __call__(self, result: CompiledCandidate) -> str:
-        total = (predict(result.program, self.topology, self.plain).total_s
-                 if result.status == "ok" and result.program is not None else math.inf)
+        priced = self.price(result)
+        total = priced.total_s if priced is not None else math.inf
         with self.lock:
             if total < (self.best or (math.inf, ""))[0]:
                 self.best = (total, f"{result.candidate.name} ({result.flags.label} flags)")
@@ -336,30 +382,44 @@ def _rank_in_worker(program: CommProgram, candidate: Candidate, topology: Topolo
 
 
 def _compile_flag_sets(kept: list[Candidate], flag_sets: list[CompilerFlags],
-                       compile: Callable[[list[Candidate], CompilerFlags], Compiles],
-                       topology: Topology) -> tuple[Compiles, tuple[SkippedCompile, ...]]:
-    """Compile ``kept`` with the first flag set, then with each other flag set only the
-    candidates that could still win.
+                       queue: CompileQueue, priced: _BestSoFar
+                       ) -> tuple[Compiles, tuple[SkippedCompile, ...]]:
+    """Compile each of ``kept`` (best IR estimate first) with the first flag set, then with
+    each other flag set where it could still win; as many survivors at a time as the pool
+    compiles, so a survivor's further flag sets follow its first compile instead of waiting
+    for every survivor's (a time-limited plan reaches the flags that win sooner).
 
     Flags change how communication overlaps compute, not the ops' compute: a candidate's
     step under any flags and placement is at least its compute under the first flags. So a
-    candidate whose compute alone is no faster than the best step already priced (plain
+    candidate whose compute alone is no faster than the best step priced so far (plain
     device order: the search only improves on it) is not compiled again. Measured on 14B@720p
     on v6e:4x4 (29 candidates, both flag sets): MaxDiffusion's flags change compute by -0.3 %
     to +2.1 %, mostly up. There 20 of 29 second compiles are spared (74 compiles in all, the
     baselines' included, become 55), on v5p:2x2x4 16 of 29 (71 become 55); both plans are
-    the ones found with every compile.
+    the ones found with every compile. The best so far is at least the final best, so the
+    rule never spares a compile that could have won.
+
+    Example, 2 compiles at a time: ``A`` and ``B`` compile with the default flags; as ``A``
+    comes back, ``A`` with MaxDiffusion's flags starts (or is spared), then ``B``'s, then
+    ``C`` and ``D``.
     """
-    plain = plain_order(topology)
-    compiled = Compiles(compile(kept, flag_sets[0]))
-    first = {r.candidate.name: predict(r.program, topology, plain) for r in compiled.ok}
-    best_s = min((p.total_s for p in first.values()), default=math.inf)
-    skipped: list[SkippedCompile] = []
-    for flags in flag_sets[1:]:
-        worth = [c for c in kept if c.name not in first or first[c.name].compute_s < best_s]
-        skipped.extend(SkippedCompile(c, flags, first[c.name].compute_s, best_s)
-                       for c in kept if c not in worth)
-        more = compile(worth, flags)
-        compiled = Compiles([*compiled, *more])
-        best_s = min([best_s, *(predict(r.program, topology, plain).total_s for r in more.ok)])
-    return compiled, tuple(skipped)
+    results: dict[tuple[int, int], CompiledCandidate] = {}
+    skipped: dict[tuple[int, int], SkippedCompile] = {}
+
+    def survivor(i: int) -> None:
+        first = None
+        for j, flags in enumerate(flag_sets):
+            price = priced.price(first) if first is not None else None
+            best_s = priced.best_s
+            if price is not None and price.compute_s >= best_s:
+                skipped[i, j] = SkippedCompile(kept[i], flags, price.compute_s, best_s)
+                continue
+            results[i, j] = queue.compile(kept[i], flags)
+            first = first or results[i, j]
+
+    with cf.ThreadPoolExecutor(max_workers=max(1, min(queue.width or len(kept),
+                                                      len(kept)))) as survivors:
+        list(survivors.map(survivor, range(len(kept))))  # in order; re-raises a failure
+    by_flags = sorted(results, key=lambda ij: (ij[1], ij[0]))
+    return (Compiles(results[ij] for ij in by_flags),
+            tuple(skipped[ij] for ij in sorted(skipped, key=lambda ij: (ij[1], ij[0]))))

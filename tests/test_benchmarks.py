@@ -86,7 +86,8 @@ def test_plan_quality_compares_the_plan_with_every_existing_system(quality):
 @pytest.mark.slow
 def test_quick_plans_price_a_compile_budget_against_the_full_search(cost, slice_2x2):
     # After the search-cost fixture, whose compiles the full search reads back.
-    quick = script("quick_plans").run([Case(SMALL, slice_2x2.name)], budget=300, max_k=3)
+    quick = script("quick_plans").run([Case(SMALL, slice_2x2.name)], budget=300, max_k=3,
+                                      time_limits=[1e-3])  # over after the first round
     full = quick.full.iloc[0]
     assert full["status"] == "ok" and full["full_compiles"] >= 1
     assert full["plan_s"] == pytest.approx(cost.summary.iloc[0]["plan_s"])
@@ -105,8 +106,13 @@ def test_quick_plans_price_a_compile_budget_against_the_full_search(cost, slice_
         assert (budgets.loc[timed, "cold_s"] > 0).all()
     else:
         assert timed.empty
+    timed = quick.timed.iloc[0]
+    assert len(quick.timed) == 1 and timed["time_limit_s"] == 1e-3 and timed["cold_s"] > 0
+    assert timed["compiled"] >= 1 and timed["regret_percent"] >= -1e-6
+    assert timed["regret_percent"] == pytest.approx(100 * (timed["plan_s"] / full["plan_s"] - 1))
     text = quick.markdown()
     assert text.startswith("## Quick plans") and "max_compiled" in text
+    assert "time_limit_s" in text and "unstarted" in text
 
 
 @pytest.mark.slow

@@ -37,6 +37,27 @@ def test_a_quick_plan_compiles_the_best_estimates_only_and_no_system(planned):
 
 
 @pytest.mark.slow  # the planned fixture compiles in child processes
+def test_a_time_limited_plan_compiles_its_first_round_and_names_what_it_left(planned):
+    from aoizora_lab.workers import usable_cpus
+
+    topology = planned.best.topology
+    timed = plan(WORKLOAD, topology, budget=400, time_limit_s=1e-3)  # over before compiling
+    started = [r for r in timed.compiled if r.status != "unstarted"]
+    left = [r for r in timed.compiled if r.status == "unstarted"]
+    assert {r.candidate.name for r in timed.compiled} == {c.name for c in timed.pruning.kept}
+    # The first round starts (a plan needs a program): the best estimates, one per worker.
+    assert started and {r.candidate for r in started} <= set(timed.pruning.kept[:usable_cpus()])
+    assert left and all("time limit" in r.message and r.compile_seconds == 0 for r in left)
+    assert timed.best.candidate in {r.candidate for r in started}
+    assert not list(timed.baselines) and np.isnan(timed.headline.vs_existing)  # no systems
+    for bad in (0, -5, float("nan"), True):
+        with pytest.raises(az.AoizoraError, match="time_limit_s="):
+            plan(WORKLOAD, topology, time_limit_s=bad)
+    with pytest.raises(az.AoizoraError, match="systems=True"):
+        plan(WORKLOAD, topology, time_limit_s=60, systems=True)
+
+
+@pytest.mark.slow  # the planned fixture compiles in child processes
 def test_the_plan_is_never_predicted_slower_than_a_baseline(planned):
     outcomes = {b.name: b for b in planned.baselines}
     assert list(outcomes) == list(SYSTEMS)
@@ -127,46 +148,64 @@ def test_library_device_orders_that_refuse_a_mesh_are_skipped():
 
 
 @pytest.mark.slow  # compiles in child processes
-def test_further_flag_sets_compile_only_candidates_that_could_still_win(tmp_path):
+def test_further_flag_sets_follow_each_survivor_only_while_they_could_still_win(tmp_path):
+    import concurrent.futures as cf
+
     from aoizora_lab.candidates import explain_candidates
-    from aoizora_lab.compile import compile_candidates, compiler_flags
+    from aoizora_lab.compile import CompileQueue, compiler_flags
     from aoizora_lab.cost import predict
     from aoizora_lab.placement import plain_order
     from aoizora_lab.planner import _BestSoFar, _compile_flag_sets
 
     topology = az.Topology.from_name("v5e:2x4")  # flags change TPU programs only
     kept = list(explain_candidates(WORKLOAD, topology).valid)[::4]  # every kind of split
-    flag_sets = [compiler_flags("default"), compiler_flags("maxdiffusion-ulysses")]
+    default, further = compiler_flags("default"), compiler_flags("maxdiffusion-ulysses")
     calls = []
 
-    def compile(candidates, flags):
-        calls.append((flags.label, [c.name for c in candidates]))
-        return compile_candidates(candidates, WORKLOAD, topology, cache_dir=tmp_path,
-                                  flags=flags)
+    class Recording(CompileQueue):
+        def compile(self, candidate, flags):
+            calls.append((candidate.name, flags.label))
+            return super().compile(candidate, flags)
 
-    compiled, skipped = _compile_flag_sets(kept, flag_sets, compile, topology)
-    assert calls[0] == ("default", [c.name for c in kept])
-    plain = plain_order(topology)
-    first = {r.candidate.name: predict(r.program, topology, plain) for r in compiled
-             if r.flags.label == "default" and r.status == "ok"}
-    best_s = min(p.total_s for p in first.values())
-    again = set(calls[1][1])
-    assert again and skipped  # both sides of the rule are exercised
-    # Compiled again exactly when compute alone could still beat the best step priced.
-    assert again == {n for n, p in first.items() if p.compute_s < best_s}
-    assert {s.candidate.name for s in skipped} == set(first) - again
-    assert all(s.compute_s >= s.best_s == best_s for s in skipped)
-    assert all(s.candidate.name in s.reason and "maxdiffusion-ulysses" in s.reason
-               for s in skipped)
+    priced = _BestSoFar(topology)
+    with cf.ThreadPoolExecutor(1) as one, Recording(  # one at a time: a fixed order
+            WORKLOAD, topology, executor=one, cache_dir=tmp_path, describe=priced) as queue:
+        compiled, skipped = _compile_flag_sets(kept, [default, further], queue, priced)
+    # Replayed: each survivor in estimate order, compiled again with the further flags
+    # exactly when its compute alone could still beat the best step priced so far.
+    plain, by_key = plain_order(topology), {r.key: r for r in compiled}
+
+    def step(key):
+        r = by_key[key]
+        return predict(r.program, topology, plain) if r.status == "ok" else None
+
+    best_s, expected, spared = np.inf, [], []
+    for c in kept:
+        expected.append((c.name, "default"))
+        first = step((c.name, "default"))
+        best_s = min(best_s, first.total_s if first else np.inf)
+        if first is not None and first.compute_s >= best_s:
+            spared.append((c.name, best_s))
+            continue
+        expected.append((c.name, further.label))
+        again = step((c.name, further.label))
+        best_s = min(best_s, again.total_s if again else np.inf)
+    assert calls == expected
+    assert spared and len(spared) < len(kept)  # both sides of the rule are exercised
+    assert [(s.candidate.name, s.best_s) for s in skipped] == spared
+    assert all(s.compute_s >= s.best_s and s.candidate.name in s.reason
+               and further.label in s.reason for s in skipped)
+    assert [r.flags.label for r in compiled] == sorted(  # one flag set after the other
+        (r.flags.label for r in compiled), key=[default.label, further.label].index)
     # The progress lines' best step so far: the fastest of the results seen, in plain order.
     best_so_far, seen = _BestSoFar(topology), []
-    for r in compiled:
+    for key in calls:
+        r = by_key[key]
         text = best_so_far(r)
         if r.status == "ok":
             seen.append((predict(r.program, topology, plain).total_s, r))
         total, fastest = min(seen, key=lambda pair: pair[0])
         assert f"{fastest.candidate.name} ({fastest.flags.label} flags), {total:.4g} s" in text
-    assert len(compiled) == len(kept) + len(again)
 
 
 @pytest.mark.slow  # compiles in child processes

@@ -504,6 +504,8 @@ def test_cli_bad_plan_arguments_exit_2_with_one_line(capsys, tmp_path):
     one_line(["plan", case, "--layers", "31"], "num_layers=31", "between 1 and the model's 30")
     one_line(["plan", case, "--budget", "-1"], "budget=-1", ">= 0")
     one_line(["plan", case, "--max-compiled", "0"], "max_compiled=0", "whole number >= 1")
+    one_line(["plan", case, "--time-limit", "0"], "time_limit_s=0", "positive number of seconds")
+    one_line(["plan", case, "--time-limit", "inf"], "time_limit_s=inf", "e.g. 300")
     one_line(["plan", case, "--json", str(tmp_path / "no" / "plan.json")], "does not exist")
     # argparse's own refusals: usage plus one error line, status 2, no traceback.
     with pytest.raises(SystemExit) as exit_:

@@ -18,7 +18,8 @@ One module per benchmark, each with its matrix, its targets and its section of t
   exhaustive search (every valid candidate compiled and placed): top-1, regret, and how well
   the IR estimate orders the candidates;
 - :mod:`~aoizora_lab.bench.quick` — :func:`quick_plans`: plans with a compile budget
-  (``plan(max_compiled=k, systems=False)``) against the full search: regret and cold time;
+  (``plan(max_compiled=k, systems=False)``) or a time limit (``plan(time_limit_s=t)``)
+  against the full search: regret and cold time;
 - :mod:`~aoizora_lab.bench.throughput` — :func:`placement_throughput`: placements scored per
   second on Wan-sized programs;
 - :mod:`~aoizora_lab.bench.interactive` — :func:`interactive_speed`: the main job from empty
@@ -55,7 +56,7 @@ from aoizora_lab.bench.quality import (
     quality_targets,
     useful_flops,
 )
-from aoizora_lab.bench.quick import QUICK_PLAN_MAX, QuickPlans, quick_plans
+from aoizora_lab.bench.quick import QUICK_PLAN_MAX, TIME_LIMITS, QuickPlans, quick_plans
 from aoizora_lab.bench.report import (
     ReportFile,
     environment,
@@ -97,6 +98,7 @@ __all__ = [
     "SPEEDUP_TARGET",
     "THROUGHPUT_CASES",
     "THROUGHPUT_LAYERS",
+    "TIME_LIMITS",
     "WARM_TARGET_S",
     "PlanQuality",
     "QuickPlans",
