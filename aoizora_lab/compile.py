@@ -258,10 +258,6 @@ class CompileQueue:
     :func:`compile_candidates` compiles a list through one; the planner compiles each
     survivor's flag sets as its first compile comes back (:meth:`compile`).
 
-    ``deadline`` (a ``time.monotonic()`` time, or None): once a compile has come back,
-    :meth:`compile` starts none that would end after it, judged by the mean time of the
-    compiles this queue ran, and returns an ``unstarted`` result that says so instead (the
-    first round always starts: a plan needs a program).
     ``expected``: how many compiles the progress lines count to; ``at_most``: that is a bound
     (the planner's further flag sets), not a promise.
     """
@@ -270,15 +266,14 @@ class CompileQueue:
                  executor: cf.Executor | None = None, cache_dir: str | Path | None = None,
                  timeout_s: float = 900.0, num_layers: int | None = None,
                  describe: Callable[[CompiledCandidate], str] | None = None,
-                 expected: int = 0, at_most: bool = False,
-                 deadline: float | None = None) -> None:
+                 expected: int = 0, at_most: bool = False) -> None:
         check_compilable(topology)
         check_num_layers(num_layers, workload.config().num_layers)
         if (isinstance(timeout_s, bool) or not isinstance(timeout_s, int | float)
                 or not timeout_s > 0):
             raise AoizoraError(f"timeout_s={timeout_s!r} must be a positive number of seconds.")
         self.workload, self.topology, self.num_layers = workload, topology, num_layers
-        self.timeout_s, self.describe, self.deadline = timeout_s, describe, deadline
+        self.timeout_s, self.describe = timeout_s, describe
         self.expected, self.at_most = expected, at_most
         self.cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
         self.own = executor is None
@@ -287,7 +282,7 @@ class CompileQueue:
         self.lock = threading.Lock()
         self.start = time.monotonic()
         self.submitted = self.done = 0
-        self.fresh_seconds: list[float] = []
+        self.fresh = 0
         self.host_peaks: list[float] = []
 
     @property
@@ -333,8 +328,8 @@ class CompileQueue:
             done, total = self.done, max(self.expected, self.submitted)
             self.host_peaks.append(raw.get("host_peak_bytes", math.nan))
             if not raw.get("cached"):  # a cached one takes no time worth a line
-                self.fresh_seconds.append(result.compile_seconds)
-            fresh = len(self.fresh_seconds)
+                self.fresh += 1
+            fresh = self.fresh
         if not raw.get("cached"):
             # Time per compile so far (parallel workers included) x compiles to go;
             # an overestimate when some still to come are cached or spared.
@@ -348,22 +343,13 @@ class CompileQueue:
         return result
 
     def compile(self, candidate: Candidate, flags: CompilerFlags) -> CompiledCandidate:
-        """Compile ``candidate`` with ``flags`` and wait for it; ``unstarted`` where it would
-        end after the deadline."""
-        now = time.monotonic()
-        with self.lock:
-            typical = (sum(self.fresh_seconds) / len(self.fresh_seconds)
-                       if self.fresh_seconds else 0.0)
-            late = self.done > 0 and self.deadline is not None and now + typical > self.deadline
-        if late:
-            with self.lock:
-                self.done += 1
-            return CompiledCandidate(
-                candidate, "unstarted",
-                f"not compiled: it would end about {now + typical - self.deadline:.0f} s after "
-                f"the time limit (compiles here take {typical:.0f} s); raise the limit to "
-                "compile it", 0.0, flags=flags)
+        """Compile ``candidate`` with ``flags`` and wait for it."""
         return self.finish(candidate, flags, self.submit(candidate, flags).result())
+
+    def skip(self) -> None:
+        """Count a compile the caller decided not to start (the progress lines' total)."""
+        with self.lock:
+            self.done += 1
 
     def close(self) -> None:
         """Record the compiles' host memory; shut the pool down if this queue made it."""

@@ -22,7 +22,7 @@ import concurrent.futures as cf
 import math
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -190,11 +190,11 @@ def plan(workload: Workload, topology: Topology, *, keep: int = 3, budget: int =
     (:func:`~aoizora_lab.prune.prune`'s ``max_kept``; where estimates tie, the compiled winner
     may be among those left out), and ``systems=False`` skips the existing systems' setups
     (their compiles; the headline then has no system to compare with). ``time_limit_s``
-    answers within that many seconds (plus the placement search, seconds): survivors compile
-    best estimate first, each with its further flag sets before the next survivors, and none
-    starts that would end after the limit (those are ``unstarted`` in :attr:`PlanResult.
-    compiled`); the systems' setups are then left out (``systems`` defaults to ``True``
-    without a limit, ``False`` with one; both at once is refused).
+    answers within that many seconds (see :class:`_TimeLimit`): survivors compile best
+    estimate first, each with its further flag sets before the next survivors and placed as
+    it comes back, and none starts that would end after the limit (those are ``unstarted``
+    in :attr:`PlanResult.compiled`); the systems' setups are then left out (``systems``
+    defaults to ``True`` without a limit, ``False`` with one; both at once is refused).
 
     ``flags``: the flag sets every kept candidate is compiled with (names in
     :data:`aoizora_lab.compile.FLAG_SETS` or ``LIBTPU_INIT_ARGS`` strings; CPU host devices
@@ -224,7 +224,7 @@ def plan(workload: Workload, topology: Topology, *, keep: int = 3, budget: int =
             "are a dozen more compiles that no time limit bounds; leave systems out (the "
             "default with a limit) or drop the limit for the full comparison.")
     systems = time_limit_s is None if systems is None else systems
-    deadline = None if time_limit_s is None else time.monotonic() + time_limit_s
+    limit = None if time_limit_s is None else _TimeLimit(time_limit_s)
     if isinstance(flags, str | CompilerFlags) or not flags:
         raise AoizoraError(f"plan(flags={flags!r}): give a list of flag sets, e.g. "
                            f"{list(SEARCHED_FLAGS)}.")
@@ -261,8 +261,11 @@ def plan(workload: Workload, topology: Topology, *, keep: int = 3, budget: int =
                                         num_layers=num_layers)
     queue = CompileQueue(workload, topology, executor=pool, cache_dir=cache_dir,
                          timeout_s=timeout_s, num_layers=num_layers, describe=best_so_far,
-                         expected=len(pruning.kept) * len(flag_sets), at_most=True,
-                         deadline=deadline)
+                         expected=len(pruning.kept) * len(flag_sets), at_most=True)
+
+    def place(result: CompiledCandidate) -> None:  # stored; the ranking below reads it back
+        rank_placements(result.program, result.candidate, topology, budget=budget,
+                        top=top_placements, flags=result.flags)
 
     def compile(candidates: list[Candidate], with_flags: CompilerFlags) -> Compiles:
         return compile_candidates(candidates, workload, topology, executor=pool,
@@ -273,7 +276,8 @@ def plan(workload: Workload, topology: Topology, *, keep: int = 3, budget: int =
     try:
         with queue:
             compiled, skipped = _compile_flag_sets(pruning.kept, flag_sets, queue,
-                                                   best_so_far)
+                                                   best_so_far, limit=limit,
+                                                   place=place if limit else None)
         stage("compiled", "compiling the existing systems' setups" if systems else
               "not compiling the existing systems' setups ("
               + ("systems=False)" if time_limit_s is None else f"a {time_limit_s:g} s limit)"))
@@ -311,6 +315,42 @@ def plan(workload: Workload, topology: Topology, *, keep: int = 3, budget: int =
     return PlanResult(space, pruning, compiled, ranking,
                       Baselines(baselines, plan_s=best.predicted.total_s), Compiles(added),
                       searched, best, headline(best, baselines, programs), skipped)
+
+
+class _TimeLimit:
+    """When a time-limited plan stops starting compiles.
+
+    The clock starts with the plan (its IR traces count). Once a compile and its placement
+    search have come back, a compile starts only if one more such step, at the mean of those
+    this plan ran, would end by the limit; the first round always starts (a plan needs a
+    program). Example: a 300 s limit, 20 s of IR traces, steps of ~46 s two at a time: five
+    rounds start, the sixth would end at ~296 + 46 s and does not.
+    """
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.deadline = time.monotonic() + seconds
+        self.steps: list[float] = []
+        self.lock = threading.Lock()
+
+    def record(self, seconds: float) -> None:
+        """One fresh compile and its placement search took ``seconds``."""
+        with self.lock:
+            self.steps.append(seconds)
+
+    def unstarted(self, candidate: Candidate, flags: CompilerFlags) -> CompiledCandidate | None:
+        """The ``unstarted`` result of a compile that would end after the limit, or ``None``
+        to start it."""
+        with self.lock:
+            typical = sum(self.steps) / len(self.steps) if self.steps else 0.0
+        late = time.monotonic() + typical - self.deadline
+        if not typical or late <= 0:
+            return None
+        return CompiledCandidate(
+            candidate, "unstarted",
+            f"not compiled: it would end about {late:.0f} s after the {self.seconds:g} s time "
+            f"limit (a compile and its placement take {typical:.0f} s here); raise the limit "
+            "to compile it", 0.0, flags=flags)
 
 
 class _BestSoFar:
@@ -382,12 +422,15 @@ def _rank_in_worker(program: CommProgram, candidate: Candidate, topology: Topolo
 
 
 def _compile_flag_sets(kept: list[Candidate], flag_sets: list[CompilerFlags],
-                       queue: CompileQueue, priced: _BestSoFar
+                       queue: CompileQueue, priced: _BestSoFar, *,
+                       limit: _TimeLimit | None = None,
+                       place: Callable[[CompiledCandidate], None] | None = None,
                        ) -> tuple[Compiles, tuple[SkippedCompile, ...]]:
     """Compile each of ``kept`` (best IR estimate first) with the first flag set, then with
     each other flag set where it could still win; as many survivors at a time as the pool
     compiles, so a survivor's further flag sets follow its first compile instead of waiting
-    for every survivor's (a time-limited plan reaches the flags that win sooner).
+    for every survivor's (a time-limited plan reaches the flags that win sooner). ``place``:
+    called on each program as it comes back; ``limit``: starts nothing past it.
 
     Flags change how communication overlaps compute, not the ops' compute: a candidate's
     step under any flags and placement is at least its compute under the first flags. So a
@@ -413,9 +456,21 @@ def _compile_flag_sets(kept: list[Candidate], flag_sets: list[CompilerFlags],
             best_s = priced.best_s
             if price is not None and price.compute_s >= best_s:
                 skipped[i, j] = SkippedCompile(kept[i], flags, price.compute_s, best_s)
+                queue.skip()
                 continue
-            results[i, j] = queue.compile(kept[i], flags)
-            first = first or results[i, j]
+            late = limit.unstarted(kept[i], flags) if limit else None
+            if late is not None:
+                results[i, j] = late
+                first = first or late
+                queue.skip()
+                continue
+            start = time.monotonic()
+            results[i, j] = result = queue.compile(kept[i], flags)
+            if place is not None and result.status == "ok":
+                place(result)
+            if limit is not None and not result.cached:
+                limit.record(time.monotonic() - start)
+            first = first or result
 
     with cf.ThreadPoolExecutor(max_workers=max(1, min(queue.width or len(kept),
                                                       len(kept)))) as survivors:
