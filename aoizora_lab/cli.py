@@ -248,8 +248,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="a quick answer: compile only the N survivors the IR estimates best "
                          "(where estimates tie, the full search's winner may be left out)")
     pl.add_argument("--time-limit", type=float, default=None, metavar="SECONDS",
-                    help="answer within SECONDS (plus the placement search): survivors compile "
-                         "best estimate first, none starts that would end later; no systems")
+                    help="answer within SECONDS, IR traces and placement included: survivors "
+                         "compile best estimate first, none starts that would end later; no "
+                         "systems")
     pl.add_argument("--no-systems", action="store_true",
                     help="skip the existing systems' setups (their compiles); no headline")
     pl.add_argument("--quiet", action="store_true", help="no progress bar")

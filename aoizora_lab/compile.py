@@ -241,25 +241,47 @@ def compile_candidates(candidates: Sequence[Candidate], workload: Workload, topo
     result as it arrives; its text ends that compile's progress line (the planner's best
     step so far)."""
     flags = compiler_flags(flags)
+    for candidate in candidates:  # every one checked before anything compiles
+        check_candidate(candidate, topology)
     with CompileQueue(workload, topology, executor=executor, cache_dir=cache_dir,
                       timeout_s=timeout_s, num_layers=num_layers, describe=describe,
                       expected=len(candidates)) as queue:
-        for candidate in candidates:  # every one checked before anything compiles
-            queue.check(candidate)
         futures = {queue.submit(c, flags): i for i, c in enumerate(candidates)}
         results = {futures[f]: queue.finish(candidates[futures[f]], flags, f.result())
                    for f in cf.as_completed(futures)}
     return Compiles(results[i] for i in range(len(candidates)))
 
 
+def check_candidate(candidate: Any, topology: Topology) -> None:
+    """Raise :class:`AoizoraError` unless ``candidate`` is a Candidate spanning ``topology``."""
+    if not isinstance(candidate, Candidate):
+        raise AoizoraError(
+            f"compile_candidates needs Candidate objects, got {candidate!r}; build one with "
+            "Candidate.from_name('cfg2-uly4') or enumerate_candidates(workload, topology)."
+        )
+    if candidate.num_devices != topology.num_devices:
+        raise AoizoraError(
+            f"Candidate {candidate.name!r} spans {candidate.num_devices} devices but "
+            f"{topology.name} has {topology.num_devices}; its role degrees must multiply to "
+            f"{topology.num_devices} (enumerate_candidates(workload, topology) lists those)."
+        )
+
+
+def check_timeout(timeout_s: Any) -> None:
+    """Raise :class:`AoizoraError` unless ``timeout_s`` is a positive number of seconds."""
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, int | float) or not timeout_s > 0:
+        raise AoizoraError(f"timeout_s={timeout_s!r} must be a positive number of seconds.")
+
+
 class CompileQueue:
     """The compiles of one workload on one slice at one depth, through one pool, from any
     thread: one count on the progress lines, one host-memory record (:func:`compile_executor`).
     :func:`compile_candidates` compiles a list through one; the planner compiles each
-    survivor's flag sets as its first compile comes back (:meth:`compile`).
+    survivor's flag sets from its own threads (:meth:`compile`).
 
     ``expected``: how many compiles the progress lines count to; ``at_most``: that is a bound
-    (the planner's further flag sets), not a promise.
+    (the planner's further flag sets), lowered by each one the caller decides against
+    (:meth:`skip`).
     """
 
     def __init__(self, workload: Workload, topology: Topology, *,
@@ -269,77 +291,50 @@ class CompileQueue:
                  expected: int = 0, at_most: bool = False) -> None:
         check_compilable(topology)
         check_num_layers(num_layers, workload.config().num_layers)
-        if (isinstance(timeout_s, bool) or not isinstance(timeout_s, int | float)
-                or not timeout_s > 0):
-            raise AoizoraError(f"timeout_s={timeout_s!r} must be a positive number of seconds.")
-        self.workload, self.topology, self.num_layers = workload, topology, num_layers
-        self.timeout_s, self.describe = timeout_s, describe
-        self.expected, self.at_most = expected, at_most
-        self.cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-        self.own = executor is None
-        self.pool = executor or compile_executor(workload, topology, cache_dir=self.cache,
-                                                 num_layers=num_layers)
-        self.lock = threading.Lock()
-        self.start = time.monotonic()
-        self.submitted = self.done = 0
-        self.fresh = 0
-        self.host_peaks: list[float] = []
+        check_timeout(timeout_s)
+        self._workload, self._topology, self._num_layers = workload, topology, num_layers
+        self._timeout_s, self._describe = timeout_s, describe
+        self._expected, self._at_most = expected, at_most
+        self._cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+        self._own = executor is None
+        self._pool = executor or compile_executor(workload, topology, cache_dir=self._cache,
+                                                  num_layers=num_layers)
+        self._lock = threading.Lock()
+        self._start = time.monotonic()
+        self._submitted = self._done = self._fresh = 0
+        self._host_peaks: list[float] = []
 
     @property
-    def width(self) -> int | None:
-        """Compiles the pool runs at a time, where it says (thread and process pools)."""
-        return getattr(self.pool, "_max_workers", None)
-
-    def check(self, candidate: Candidate) -> None:
-        """Raise :class:`AoizoraError` unless ``candidate`` can compile on this slice."""
-        if not isinstance(candidate, Candidate):
-            raise AoizoraError(
-                f"compile_candidates needs Candidate objects, got {candidate!r}; build one with "
-                "Candidate.from_name('cfg2-uly4') or enumerate_candidates(workload, topology)."
-            )
-        if candidate.num_devices != self.topology.num_devices:
-            raise AoizoraError(
-                f"Candidate {candidate.name!r} spans {candidate.num_devices} devices but "
-                f"{self.topology.name} has {self.topology.num_devices}; its role degrees must "
-                f"multiply to {self.topology.num_devices} (enumerate_candidates(workload, "
-                "topology) lists those)."
-            )
+    def width(self) -> int:
+        """Compiles the pool runs at a time: what a thread or process pool says, else one
+        per usable CPU (an executor such as dask's does not say)."""
+        return getattr(self._pool, "_max_workers", None) or usable_cpus()
 
     def submit(self, candidate: Candidate, flags: CompilerFlags) -> cf.Future:
         """Start compiling ``candidate`` with ``flags``: a future of the raw result, for
         :meth:`finish`."""
-        self.check(candidate)
-        with self.lock:
-            self.submitted += 1
-        job = _job(candidate, self.workload, self.topology, self.num_layers, flags)
-        return self.pool.submit(run_job, job, str(self.cache), self.timeout_s)
+        check_candidate(candidate, self._topology)
+        with self._lock:
+            self._submitted += 1
+        job = _job(candidate, self._workload, self._topology, self._num_layers, flags)
+        return self._pool.submit(run_job, job, str(self._cache), self._timeout_s)
 
     def finish(self, candidate: Candidate, flags: CompilerFlags,
                raw: dict[str, Any]) -> CompiledCandidate:
         """The result of a compile :meth:`submit` started, with its progress line."""
-        result = _result(candidate, raw, self.workload.config().num_layers, self.num_layers,
+        result = _result(candidate, raw, self._workload.config().num_layers, self._num_layers,
                          flags)
         try:
-            extra = self.describe(result) if self.describe else ""
+            extra = self._describe(result) if self._describe else ""
         except Exception:  # a progress line never ends a sweep
             extra = ""
-        with self.lock:
-            self.done += 1
-            done, total = self.done, max(self.expected, self.submitted)
-            self.host_peaks.append(raw.get("host_peak_bytes", math.nan))
+        with self._lock:
+            self._done += 1
+            self._host_peaks.append(raw.get("host_peak_bytes", math.nan))
             if not raw.get("cached"):  # a cached one takes no time worth a line
-                self.fresh += 1
-            fresh = self.fresh
-        if not raw.get("cached"):
-            # Time per compile so far (parallel workers included) x compiles to go;
-            # an overestimate when some still to come are cached or spared.
-            left = (time.monotonic() - self.start) / fresh * (total - done)
-            progress_note(f"compile {done} of {'at most ' if self.at_most else ''}{total} "
-                          f"({self.workload.name} on {self.topology.name}): {candidate.name} "
-                          f"({flags.label} flags) {raw['status']} in "
-                          f"{result.compile_seconds:.0f} s"
-                          + (f"; about {duration(left)} left" if done < total else "")
-                          + (f"; {extra}" if extra else ""))
+                self._fresh += 1
+                self._note(f"{candidate.name} ({flags.label} flags) {raw['status']} in "
+                           f"{result.compile_seconds:.0f} s", extra)
         return result
 
     def compile(self, candidate: Candidate, flags: CompilerFlags) -> CompiledCandidate:
@@ -347,16 +342,27 @@ class CompileQueue:
         return self.finish(candidate, flags, self.submit(candidate, flags).result())
 
     def skip(self) -> None:
-        """Count a compile the caller decided not to start (the progress lines' total)."""
-        with self.lock:
-            self.done += 1
+        """One compile of ``expected`` the caller decided not to start."""
+        with self._lock:
+            self._expected -= 1
+
+    def _note(self, what: str, extra: str) -> None:
+        """The progress line of the compile just done (under the lock: lines in order)."""
+        done, total = self._done, max(self._expected, self._submitted)
+        # Time per compile so far (parallel workers included) x compiles to go;
+        # an overestimate when some still to come are cached or spared.
+        left = (time.monotonic() - self._start) / max(self._fresh, 1) * (total - done)
+        progress_note(f"compile {done} of {'at most ' if self._at_most else ''}{total} "
+                      f"({self._workload.name} on {self._topology.name}): {what}"
+                      + (f"; about {duration(left)} left" if done < total else "")
+                      + (f"; {extra}" if extra else ""))
 
     def close(self) -> None:
         """Record the compiles' host memory; shut the pool down if this queue made it."""
-        _record_host_peak(self.cache, _sweep_key(_sweep(self.workload, self.topology,
-                                                         self.num_layers)), self.host_peaks)
-        if self.own:
-            self.pool.shutdown()
+        _record_host_peak(self._cache, _sweep_key(_sweep(self._workload, self._topology,
+                                                          self._num_layers)), self._host_peaks)
+        if self._own:
+            self._pool.shutdown()
 
     def __enter__(self) -> CompileQueue:
         return self

@@ -19,6 +19,7 @@ existing systems, from placement, from the sharding strategy.
 from __future__ import annotations
 
 import concurrent.futures as cf
+import dataclasses
 import math
 import threading
 import time
@@ -43,6 +44,7 @@ from aoizora_lab.compile import (
     Compiles,
     check_compilable,
     check_num_layers,
+    check_timeout,
     compile_candidates,
     compile_executor,
     compiler_flags,
@@ -106,7 +108,8 @@ class PlanResult:
     pruning: Pruning
     """Each valid candidate's pruning decision, best IR estimate first."""
     compiled: Compiles
-    """The survivors' compiles (status, time, memory, program), with each flag set worth it."""
+    """The survivors' compiles (status, time, memory, program), with each flag set worth it
+    (a time-limited plan lists those it did not start as ``unstarted``)."""
     ranking: Ranking
     """Top placements of every compiled candidate, fastest predicted step first."""
     baselines: Baselines
@@ -194,7 +197,8 @@ def plan(workload: Workload, topology: Topology, *, keep: int = 3, budget: int =
     estimate first, each with its further flag sets before the next survivors and placed as
     it comes back, and none starts that would end after the limit (those are ``unstarted``
     in :attr:`PlanResult.compiled`); the systems' setups are then left out (``systems``
-    defaults to ``True`` without a limit, ``False`` with one; both at once is refused).
+    defaults to ``True`` without a limit, ``False`` with one; both at once is refused). A
+    setup of yours (``compare``) is still compiled and placed, after the limit.
 
     ``flags``: the flag sets every kept candidate is compiled with (names in
     :data:`aoizora_lab.compile.FLAG_SETS` or ``LIBTPU_INIT_ARGS`` strings; CPU host devices
@@ -207,6 +211,7 @@ def plan(workload: Workload, topology: Topology, *, keep: int = 3, budget: int =
     # Checked before anything is traced or compiled: a typo should not cost a sweep.
     check_compilable(topology)
     check_num_layers(num_layers, workload.config().num_layers)
+    check_timeout(timeout_s)
     for name, value, least in (("keep", keep, 1), ("budget", budget, 0),
                                ("top_placements", top_placements, 1)):
         if not is_whole(value, least):
@@ -259,9 +264,6 @@ def plan(workload: Workload, topology: Topology, *, keep: int = 3, budget: int =
     # side by side, so no worker idles at the end of one while another waits.
     pool = executor or compile_executor(workload, topology, cache_dir=cache_dir,
                                         num_layers=num_layers)
-    queue = CompileQueue(workload, topology, executor=pool, cache_dir=cache_dir,
-                         timeout_s=timeout_s, num_layers=num_layers, describe=best_so_far,
-                         expected=len(pruning.kept) * len(flag_sets), at_most=True)
 
     def place(result: CompiledCandidate) -> None:  # stored; the ranking below reads it back
         rank_placements(result.program, result.candidate, topology, budget=budget,
@@ -274,7 +276,9 @@ def plan(workload: Workload, topology: Topology, *, keep: int = 3, budget: int =
                                   describe=best_so_far)
 
     try:
-        with queue:
+        with CompileQueue(workload, topology, executor=pool, cache_dir=cache_dir,
+                          timeout_s=timeout_s, num_layers=num_layers, describe=best_so_far,
+                          expected=len(pruning.kept) * len(flag_sets), at_most=True) as queue:
             compiled, skipped = _compile_flag_sets(pruning.kept, flag_sets, queue,
                                                    best_so_far, limit=limit,
                                                    place=place if limit else None)
@@ -323,8 +327,8 @@ class _TimeLimit:
     The clock starts with the plan (its IR traces count). Once a compile and its placement
     search have come back, a compile starts only if one more such step, at the mean of those
     this plan ran, would end by the limit; the first round always starts (a plan needs a
-    program). Example: a 300 s limit, 20 s of IR traces, steps of ~46 s two at a time: five
-    rounds start, the sixth would end at ~296 + 46 s and does not.
+    program). Example: a 300 s limit, 20 s of IR traces, steps of ~46 s two at a time:
+    rounds end at 66, 112, ... 296 s; a seventh would end at ~342 s and does not start.
     """
 
     def __init__(self, seconds: float) -> None:
@@ -426,55 +430,66 @@ def _compile_flag_sets(kept: list[Candidate], flag_sets: list[CompilerFlags],
                        limit: _TimeLimit | None = None,
                        place: Callable[[CompiledCandidate], None] | None = None,
                        ) -> tuple[Compiles, tuple[SkippedCompile, ...]]:
-    """Compile each of ``kept`` (best IR estimate first) with the first flag set, then with
-    each other flag set where it could still win; as many survivors at a time as the pool
-    compiles, so a survivor's further flag sets follow its first compile instead of waiting
-    for every survivor's (a time-limited plan reaches the flags that win sooner). ``place``:
-    called on each program as it comes back; ``limit``: starts nothing past it.
+    """Compile ``kept`` (best IR estimate first, as many at a time as the pool runs) with
+    the first flag set, then with each other flag set where it could still win.
 
     Flags change how communication overlaps compute, not the ops' compute: a candidate's
     step under any flags and placement is at least its compute under the first flags. So a
-    candidate whose compute alone is no faster than the best step priced so far (plain
-    device order: the search only improves on it) is not compiled again. Measured on 14B@720p
-    on v6e:4x4 (29 candidates, both flag sets): MaxDiffusion's flags change compute by -0.3 %
+    candidate whose compute alone is no faster than the best step priced (plain device
+    order: the search only improves on it) is not compiled again. Measured on 14B@720p on
+    v6e:4x4 (29 candidates, both flag sets): MaxDiffusion's flags change compute by -0.3 %
     to +2.1 %, mostly up. There 20 of 29 second compiles are spared (74 compiles in all, the
     baselines' included, become 55), on v5p:2x2x4 16 of 29 (71 become 55); both plans are
-    the ones found with every compile. The best so far is at least the final best, so the
-    rule never spares a compile that could have won.
+    the ones found with every compile.
 
-    Example, 2 compiles at a time: ``A`` and ``B`` compile with the default flags; as ``A``
-    comes back, ``A`` with MaxDiffusion's flags starts (or is spared), then ``B``'s, then
-    ``C`` and ``D``.
+    Without ``limit`` every survivor's first compile comes first, so the rule judges against
+    the best of them all. With one, each survivor's further flag sets follow its own first
+    compile (2 at a time: ``A`` and ``B`` with the default flags; as ``A`` comes back, ``A``
+    with MaxDiffusion's flags, then ``B``'s, then ``C`` and ``D``), judged against the best
+    so far (never below the final best: it spares less, never a winner), so the flags that
+    win are reached before the limit; nothing starts past it, and ``place`` places each
+    program as it comes back, so the limit counts placement too.
     """
     results: dict[tuple[int, int], CompiledCandidate] = {}
     skipped: dict[tuple[int, int], SkippedCompile] = {}
+    stop = threading.Event()  # a failure elsewhere: start nothing more
 
-    def survivor(i: int) -> None:
-        first = None
-        for j, flags in enumerate(flag_sets):
-            price = priced.price(first) if first is not None else None
+    def survivor(i: int, sets: range) -> None:
+        for j in sets:
+            if stop.is_set():
+                return
+            first = results.get((i, 0))
+            price = priced.price(first) if j and first is not None else None
             best_s = priced.best_s
             if price is not None and price.compute_s >= best_s:
-                skipped[i, j] = SkippedCompile(kept[i], flags, price.compute_s, best_s)
+                skipped[i, j] = SkippedCompile(kept[i], flag_sets[j], price.compute_s, best_s)
                 queue.skip()
                 continue
-            late = limit.unstarted(kept[i], flags) if limit else None
+            late = None
+            if limit is not None:  # not its first flag set alone either
+                late = (first if j and first is not None and first.status == "unstarted"
+                        else limit.unstarted(kept[i], flag_sets[j]))
             if late is not None:
-                results[i, j] = late
-                first = first or late
+                results[i, j] = dataclasses.replace(late, flags=flag_sets[j])
                 queue.skip()
                 continue
             start = time.monotonic()
-            results[i, j] = result = queue.compile(kept[i], flags)
+            results[i, j] = result = queue.compile(kept[i], flag_sets[j])
+            priced(result)  # the best so far, whatever the queue's progress hook is
             if place is not None and result.status == "ok":
                 place(result)
             if limit is not None and not result.cached:
                 limit.record(time.monotonic() - start)
-            first = first or result
 
-    with cf.ThreadPoolExecutor(max_workers=max(1, min(queue.width or len(kept),
-                                                      len(kept)))) as survivors:
-        list(survivors.map(survivor, range(len(kept))))  # in order; re-raises a failure
+    phases = ([range(len(flag_sets))] if limit is not None
+              else [range(1), range(1, len(flag_sets))])
+    with cf.ThreadPoolExecutor(max_workers=max(1, min(queue.width, len(kept)))) as survivors:
+        for sets in phases:
+            try:  # in order; re-raises a survivor's failure
+                list(survivors.map(survivor, range(len(kept)), [sets] * len(kept)))
+            except BaseException:
+                stop.set()
+                raise
     by_flags = sorted(results, key=lambda ij: (ij[1], ij[0]))
     return (Compiles(results[ij] for ij in by_flags),
             tuple(skipped[ij] for ij in sorted(skipped, key=lambda ij: (ij[1], ij[0]))))

@@ -83,6 +83,13 @@ def test_plan_quality_compares_the_plan_with_every_existing_system(quality):
     assert quality.trials.groupby("baseline")["chosen"].sum().eq(1).all()
 
 
+def test_quick_plans_refuse_a_bad_time_limit_before_planning(monkeypatch):
+    monkeypatch.setattr(bench.quick, "_measure", lambda *a, **k: pytest.fail("planned"))
+    for bad in ([0], [300, -1], [float("inf")], [True]):
+        with pytest.raises(az.AoizoraError, match=r"time_limits=.*positive number of seconds"):
+            bench.quick_plans(["wan2.1-t2v-1.3b@832x480x81/v5e:2x2"], time_limits=bad)
+
+
 @pytest.mark.slow
 def test_quick_plans_price_a_compile_budget_against_the_full_search(cost, slice_2x2):
     # After the search-cost fixture, whose compiles the full search reads back.

@@ -39,18 +39,20 @@ def test_a_quick_plan_compiles_the_best_estimates_only_and_no_system(planned):
 @pytest.mark.slow  # the planned fixture compiles in child processes
 def test_a_time_limited_plan_compiles_its_first_round_and_names_what_it_left(planned,
                                                                               tmp_path):
-    from aoizora_lab.workers import usable_cpus
+    import concurrent.futures as cf
 
     topology = planned.best.topology
-    # Over before compiling; an empty compile cache, so the first round takes time.
-    timed = plan(WORKLOAD, topology, budget=400, time_limit_s=1e-3, cache_dir=tmp_path)
-    started = [r for r in timed.compiled if r.status != "unstarted"]
+    # Over before compiling; an empty compile cache, so the first compile takes time; one
+    # compile at a time, so the first round is the best estimate alone.
+    with cf.ThreadPoolExecutor(1) as one:
+        timed = plan(WORKLOAD, topology, budget=400, time_limit_s=1e-3, cache_dir=tmp_path,
+                     executor=one)
+    started = [r.candidate for r in timed.compiled if r.status != "unstarted"]
     left = [r for r in timed.compiled if r.status == "unstarted"]
-    assert {r.candidate.name for r in timed.compiled} == {c.name for c in timed.pruning.kept}
-    # The first round starts (a plan needs a program): the best estimates, one per worker.
-    assert started and {r.candidate for r in started} <= set(timed.pruning.kept[:usable_cpus()])
+    assert started == timed.pruning.kept[:1]  # a plan needs a program
+    assert [r.candidate for r in left] == timed.pruning.kept[1:]
     assert left and all("time limit" in r.message and r.compile_seconds == 0 for r in left)
-    assert timed.best.candidate in {r.candidate for r in started}
+    assert timed.best.candidate in started
     assert not list(timed.baselines) and np.isnan(timed.headline.vs_existing)  # no systems
     for bad in (0, -5, float("nan"), True):
         with pytest.raises(az.AoizoraError, match="time_limit_s="):
@@ -149,56 +151,70 @@ def test_library_device_orders_that_refuse_a_mesh_are_skipped():
     assert all(sorted(p.order) == list(range(16)) for p in orders)
 
 
+def _replay(kept, by_key, topology, further, interleaved):
+    """The compiles the flag rule asks for, in order, and the ones it spares with the best
+    step priced before each decision: compiled again with the further flags exactly when
+    the compute alone could still beat it."""
+    from aoizora_lab.cost import predict
+    from aoizora_lab.placement import plain_order
+
+    def step(key):
+        r = by_key[key]
+        return predict(r.program, topology, plain_order(topology)) if r.status == "ok" else None
+
+    best_s, expected, spared = np.inf, [], []
+    firsts = [(c, 0) for c in kept]
+    agains = [(c, 1) for c in kept]
+    order = ([x for pair in zip(firsts, agains, strict=True) for x in pair] if interleaved
+             else firsts + agains)
+    for c, j in order:
+        first = step((c.name, "default"))
+        if j and first is not None and first.compute_s >= best_s:
+            spared.append((c.name, best_s))
+            continue
+        expected.append((c.name, further.label if j else "default"))
+        price = step(expected[-1])
+        best_s = min(best_s, price.total_s if price else np.inf)
+    return expected, spared
+
+
 @pytest.mark.slow  # compiles in child processes
-def test_further_flag_sets_follow_each_survivor_only_while_they_could_still_win(tmp_path):
+def test_further_flag_sets_compile_only_while_they_could_still_win(tmp_path):
     import concurrent.futures as cf
 
     from aoizora_lab.candidates import explain_candidates
     from aoizora_lab.compile import CompileQueue, compiler_flags
     from aoizora_lab.cost import predict
     from aoizora_lab.placement import plain_order
-    from aoizora_lab.planner import _BestSoFar, _compile_flag_sets
+    from aoizora_lab.planner import _BestSoFar, _compile_flag_sets, _TimeLimit
 
     topology = az.Topology.from_name("v5e:2x4")  # flags change TPU programs only
     kept = list(explain_candidates(WORKLOAD, topology).valid)[::4]  # every kind of split
     default, further = compiler_flags("default"), compiler_flags("maxdiffusion-ulysses")
-    calls = []
+    plain = plain_order(topology)
 
     class Recording(CompileQueue):
         def compile(self, candidate, flags):
             calls.append((candidate.name, flags.label))
             return super().compile(candidate, flags)
 
-    priced = _BestSoFar(topology)
-    with cf.ThreadPoolExecutor(1) as one, Recording(  # one at a time: a fixed order
-            WORKLOAD, topology, executor=one, cache_dir=tmp_path, describe=priced) as queue:
-        compiled, skipped = _compile_flag_sets(kept, [default, further], queue, priced)
-    # Replayed: each survivor in estimate order, compiled again with the further flags
-    # exactly when its compute alone could still beat the best step priced so far.
-    plain, by_key = plain_order(topology), {r.key: r for r in compiled}
-
-    def step(key):
-        r = by_key[key]
-        return predict(r.program, topology, plain) if r.status == "ok" else None
-
-    best_s, expected, spared = np.inf, [], []
-    for c in kept:
-        expected.append((c.name, "default"))
-        first = step((c.name, "default"))
-        best_s = min(best_s, first.total_s if first else np.inf)
-        if first is not None and first.compute_s >= best_s:
-            spared.append((c.name, best_s))
-            continue
-        expected.append((c.name, further.label))
-        again = step((c.name, further.label))
-        best_s = min(best_s, again.total_s if again else np.inf)
-    assert calls == expected
-    assert spared and len(spared) < len(kept)  # both sides of the rule are exercised
-    assert [(s.candidate.name, s.best_s) for s in skipped] == spared
-    assert all(s.compute_s >= s.best_s and s.candidate.name in s.reason
-               and further.label in s.reason for s in skipped)
-    assert [r.flags.label for r in compiled] == sorted(  # one flag set after the other
-        (r.flags.label for r in compiled), key=[default.label, further.label].index)
+    # The full search compiles every first flag set before any further one; a time-limited
+    # plan (a limit that never comes) each survivor's further flags after its own first.
+    for limit in (None, _TimeLimit(1e6)):
+        calls, priced = [], _BestSoFar(topology)
+        with cf.ThreadPoolExecutor(1) as one, Recording(  # one at a time: a fixed order
+                WORKLOAD, topology, executor=one, cache_dir=tmp_path, describe=priced) as queue:
+            compiled, skipped = _compile_flag_sets(kept, [default, further], queue, priced,
+                                                   limit=limit)
+        by_key = {r.key: r for r in compiled}
+        expected, spared = _replay(kept, by_key, topology, further, limit is not None)
+        assert calls == expected
+        assert spared and len(spared) < len(kept)  # both sides of the rule are exercised
+        assert [(s.candidate.name, s.best_s) for s in skipped] == spared
+        assert all(s.compute_s >= s.best_s and s.candidate.name in s.reason
+                   and further.label in s.reason for s in skipped)
+        assert [r.flags.label for r in compiled] == sorted(  # one flag set after the other
+            (r.flags.label for r in compiled), key=[default.label, further.label].index)
     # The progress lines' best step so far: the fastest of the results seen, in plain order.
     best_so_far, seen = _BestSoFar(topology), []
     for key in calls:

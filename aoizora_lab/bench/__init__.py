@@ -177,6 +177,7 @@ def run_all(*, quick: bool = False, out: str | Path = "reports/benchmarks.md",
     if "quick-plans" in chosen:  # after search cost, whose compiles it reads back
         report.add(quick_plans(search_matrix, num_layers=layers,
                                max_k=3 if quick else QUICK_PLAN_MAX,
+                               time_limits=() if quick else TIME_LIMITS,
                                progress=progress).markdown())
     if "placement-throughput" in chosen:
         if progress:

@@ -29,6 +29,7 @@ import pandas as pd
 from aoizora_lab.bench.report import case_row, config_line, markdown_table, met
 from aoizora_lab.bench.search import COLD_TARGET_S, REGRET_TARGET_PERCENT, SEARCH_COST_MATRIX
 from aoizora_lab.cases import Case
+from aoizora_lab.errors import AoizoraError
 from aoizora_lab.topology import Topology
 from aoizora_lab.versions import cache_root_at
 from aoizora_lab.workload import Workload
@@ -91,6 +92,13 @@ class QuickPlans:
             "estimates tie, no rule picks it in advance. " + config_line(self.config),
             markdown_table(self.full),
             markdown_table(self.budgets),
+            *self._timed_markdown(),
+        ])
+
+    def _timed_markdown(self) -> list[str]:
+        if self.timed.empty:
+            return []
+        return [
             "`plan(time_limit_s=t)` (`aoizora-lab plan CASE --time-limit t`) from an empty "
             "cache: survivors compile best IR estimate first, each with its further flag "
             "sets before the next ones, and none starts that would end after the limit "
@@ -98,7 +106,7 @@ class QuickPlans:
             "`cold_s`: the whole plan's wall time, IR traces included.",
             markdown_table(self.timed),
             markdown_table(self.targets),
-        ])
+        ]
 
 
 def quick_plans(cases: Iterable[Case | str] = SEARCH_COST_MATRIX, *,
@@ -107,6 +115,11 @@ def quick_plans(cases: Iterable[Case | str] = SEARCH_COST_MATRIX, *,
                 progress: Callable[[str], None] | None = None) -> QuickPlans:
     """The full search, quick plans for k = 1..``max_k`` and time-limited plans for each of
     ``time_limits`` on each case (module docstring)."""
+    bad = [t for t in time_limits if isinstance(t, bool) or not isinstance(t, int | float)
+           or not 0 < t < math.inf]
+    if bad:  # before the full search's minutes
+        raise AoizoraError(f"quick_plans(time_limits={list(time_limits)!r}): {bad[0]!r} is not "
+                           "a positive number of seconds; give e.g. [300], or [] for none.")
     fulls: list[dict[str, Any]] = []
     budgets: list[dict[str, Any]] = []
     timed: list[dict[str, Any]] = []
