@@ -121,7 +121,8 @@ def _plan_command(args: argparse.Namespace) -> int:
               f"communication {best.predicted.comm_s:.4g} s)")
         print("\nWhere its communication time goes:")
         print(best.breakdown.head(args.top).to_string(float_format=lambda v: f"{v:.4g}"))
-        unstarted = [r for r in result.compiled if r.status == "unstarted"]
+        unstarted = ([r for r in result.compiled if r.status == "unstarted"]
+                     if args.time_limit is not None else [])
         if unstarted:
             print(f"\nNot compiled within the {args.time_limit:g} s limit: "
                   + ", ".join(f"{r.candidate.name} ({r.flags.label} flags)" for r in unstarted))

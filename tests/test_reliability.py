@@ -595,17 +595,6 @@ PLAN_SCRIPT = textwrap.dedent("""
     import aoizora_lab.planner as planner
 
     cache, out = Path(sys.argv[1]), Path(sys.argv[2])
-    compiles = []
-    compile_candidates = planner.compile_candidates
-
-    def recording(*args, **kwargs):
-        results = compile_candidates(*args, **kwargs)
-        compiles.extend({"candidate": r.candidate.name, "status": r.status, "cached": r.cached,
-                         "entry": r.hlo_path.parent.name if r.hlo_path else None}
-                        for r in results)
-        return results
-
-    planner.compile_candidates = recording
     model = az.WanConfig(dim=128, ffn_dim=256, num_heads=2, num_layers=2, text_dim=32,
                          text_len=8, freq_dim=32)
     workload = az.Workload(model=model, height=32, width=32, frames=5, text_len=8)
@@ -618,7 +607,9 @@ PLAN_SCRIPT = textwrap.dedent("""
         "candidate": best.candidate.name, "order": list(best.placement.order),
         "description": best.placement.description, "total_s": best.predicted.total_s,
         "ranking": [[r.candidate.name, r.predicted.total_s] for r in result.ranking],
-        "compiles": compiles}))
+        "compiles": [{"candidate": r.candidate.name, "status": r.status, "cached": r.cached,
+                      "entry": r.hlo_path.parent.name if r.hlo_path else None}
+                     for r in [*result.compiled, *result.baseline_compiles]]}))
 """)
 
 
