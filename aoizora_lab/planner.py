@@ -466,7 +466,7 @@ def _compile_flag_sets(kept: list[Candidate], flag_sets: list[CompilerFlags],
                 queue.skip()
                 continue
             late = None
-            if limit is not None:  # not its first flag set alone either
+            if limit is not None:  # one whose first compile did not start gets no other
                 late = (first if j and first is not None and first.status == "unstarted"
                         else limit.unstarted(kept[i], flag_sets[j]))
             if late is not None:
