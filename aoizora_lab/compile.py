@@ -290,7 +290,8 @@ class CompileQueue:
                  describe: Callable[[CompiledCandidate], str] | None = None,
                  expected: int = 0, at_most: bool = False) -> None:
         check_compilable(topology)
-        check_num_layers(num_layers, workload.config().num_layers)
+        self._model_layers = workload.config().num_layers
+        check_num_layers(num_layers, self._model_layers)
         check_timeout(timeout_s)
         self._workload, self._topology, self._num_layers = workload, topology, num_layers
         self._timeout_s, self._describe = timeout_s, describe
@@ -322,8 +323,7 @@ class CompileQueue:
     def finish(self, candidate: Candidate, flags: CompilerFlags,
                raw: dict[str, Any]) -> CompiledCandidate:
         """The result of a compile :meth:`submit` started, with its progress line."""
-        result = _result(candidate, raw, self._workload.config().num_layers, self._num_layers,
-                         flags)
+        result = _result(candidate, raw, self._model_layers, self._num_layers, flags)
         try:
             extra = self._describe(result) if self._describe else ""
         except Exception:  # a progress line never ends a sweep

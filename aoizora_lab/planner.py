@@ -219,10 +219,8 @@ def plan(workload: Workload, topology: Topology, *, keep: int = 3, budget: int =
     if max_compiled is not None and not is_whole(max_compiled, 1):
         raise AoizoraError(f"plan(max_compiled={max_compiled!r}): must be a whole number >= 1 "
                            "(survivors to compile at most), or None to compile every one.")
-    if time_limit_s is not None and (isinstance(time_limit_s, bool) or not isinstance(
-            time_limit_s, int | float) or not 0 < time_limit_s < math.inf):
-        raise AoizoraError(f"plan(time_limit_s={time_limit_s!r}): give a positive number of "
-                           "seconds (e.g. 300), or None for the full search.")
+    if time_limit_s is not None:
+        check_time_limit(time_limit_s)
     if systems and time_limit_s is not None:
         raise AoizoraError(
             f"plan(time_limit_s={time_limit_s}, systems=True): the existing systems' setups "
@@ -319,6 +317,14 @@ def plan(workload: Workload, topology: Topology, *, keep: int = 3, budget: int =
     return PlanResult(space, pruning, compiled, ranking,
                       Baselines(baselines, plan_s=best.predicted.total_s), Compiles(added),
                       searched, best, headline(best, baselines, programs), skipped)
+
+
+def check_time_limit(seconds: Any) -> None:
+    """Raise :class:`AoizoraError` unless ``seconds`` is a usable ``plan(time_limit_s=...)``."""
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not (
+            0 < seconds < math.inf):
+        raise AoizoraError(f"plan(time_limit_s={seconds!r}): give a positive number of "
+                           "seconds (e.g. 300), or None for the full search.")
 
 
 class _TimeLimit:

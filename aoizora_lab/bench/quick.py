@@ -115,11 +115,14 @@ def quick_plans(cases: Iterable[Case | str] = SEARCH_COST_MATRIX, *,
                 progress: Callable[[str], None] | None = None) -> QuickPlans:
     """The full search, quick plans for k = 1..``max_k`` and time-limited plans for each of
     ``time_limits`` on each case (module docstring)."""
-    bad = [t for t in time_limits if isinstance(t, bool) or not isinstance(t, int | float)
-           or not 0 < t < math.inf]
-    if bad:  # before the full search's minutes
-        raise AoizoraError(f"quick_plans(time_limits={list(time_limits)!r}): {bad[0]!r} is not "
-                           "a positive number of seconds; give e.g. [300], or [] for none.")
+    from aoizora_lab.planner import check_time_limit
+
+    try:  # before the full search's minutes
+        for limit in time_limits:
+            check_time_limit(limit)
+    except AoizoraError as err:
+        raise AoizoraError(f"quick_plans(time_limits={list(time_limits)!r}): {err} Give e.g. "
+                           "[300], or [] for none.") from None
     fulls: list[dict[str, Any]] = []
     budgets: list[dict[str, Any]] = []
     timed: list[dict[str, Any]] = []
