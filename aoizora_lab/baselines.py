@@ -438,6 +438,12 @@ class BaselineOutcome:
         """The chosen setup's device order."""
         return self.setup.placement if self.setup else None
 
+    @property
+    def unstarted(self) -> tuple[str, ...]:
+        """Recipes of its setups a time limit left uncompiled: ``plan`` then priced this
+        system on the others, so its step may be slower than its best."""
+        return tuple(t.recipe for t in self.trials if t.reason.startswith("unstarted"))
+
 
 class Baselines(Records[BaselineOutcome]):
     """Every existing system's outcome (and the user's setup), in :data:`SYSTEMS` order.
@@ -535,24 +541,68 @@ def _built(recipes: list[dict[str, Any]], build: Callable[..., Setup],
     return out
 
 
+@dataclass(frozen=True)
+class SystemSetups:
+    """What one existing system (or the user) would run here, before anything compiles."""
+
+    name: str
+    """One of :data:`SYSTEMS` or :data:`USER`."""
+    trials: tuple[Trial, ...]
+    """Setups refused before compiling (the system refuses the recipe, the candidate is not
+    valid here, its IR trace failed)."""
+    setups: tuple[Setup, ...]
+    """The setups to compile, best IR estimate first (the estimate orders, it never
+    chooses: every one is compiled in a full plan)."""
+
+
+def baseline_setups(workload: Workload, topology: Topology, pruning: Pruning, *,
+                    compare: Any = None, systems: bool = True) -> list[SystemSetups]:
+    """Every system's setups (none with ``systems=False``) and ``compare``'s (see
+    :func:`user_setup`), in :data:`SYSTEMS` order, each system's best IR estimate first."""
+    valid = {c.name for c in explain_candidates(workload, topology).valid}
+    groups = [(name, system_setups(name, workload, topology))
+              for name in (SYSTEMS if systems else ())]
+    if compare is not None:
+        groups.append((USER, [user_setup(compare, workload, topology)]))
+    out = []
+    for name, setups in groups:
+        trials, ranked = [], []
+        for s in setups:
+            if not isinstance(s, Setup):
+                trials.append(Trial(name, s[0], None, reason=s[1]))
+                continue
+            estimate = estimate_of(pruning, s.candidate)
+            if name != USER and (s.candidate.name not in valid or math.isnan(estimate)):
+                trials.append(Trial(name, s.recipe, s, estimate, reason=(
+                    "not a valid candidate here (over HBM or unsplittable)"
+                    if s.candidate.name not in valid else "its IR trace failed")))
+                continue
+            ranked.append((estimate, s))
+        out.append(SystemSetups(name, tuple(trials), tuple(
+            s for _, s in sorted(ranked, key=lambda pair: pair[0]))))
+    return out
+
+
 def score_baselines(workload: Workload, topology: Topology, pruning: Pruning,
                     compiled: Mapping[tuple[str, str], CompiledCandidate], compile: Compile,
-                    *, compare: Any = None, systems: bool = True
+                    *, compare: Any = None, systems: bool = True,
+                    setups: Sequence[SystemSetups] | None = None
                     ) -> tuple[Baselines, list[CompiledCandidate]]:
-    """Build every system's setups (none with ``systems=False``) and ``compare``, a user's
-    (see :func:`user_setup`), compile what ``compiled`` (by :attr:`CompiledCandidate.key`)
-    lacks, price each.
+    """Price every system's setups (``setups``, default :func:`baseline_setups` of
+    ``compare`` and ``systems``), compiling what ``compiled`` (by
+    :attr:`CompiledCandidate.key`) lacks.
 
     A system with several setups compiles every one whose candidate the planner's space holds
     (the IR estimate is reported, not used to choose) and takes the fastest predicted step; a
-    setup outside the space (over HBM, a trace that failed) is a trial with that reason. A
+    setup outside the space (over HBM, a trace that failed) is a trial with that reason, and
+    so is one that ``compiled`` holds as ``unstarted`` (a time-limited plan's): the system is
+    then priced on the setups compiled (:attr:`BaselineOutcome.unstarted` names the rest). A
     setup whose recipe flags fail to compile (libtpu refuses asynchronous all-to-all on
     "limited ICI", e.g. ``v5e:8x8``) is tried again with the default flags, as its user would.
     Returns the outcomes and the compiles this added.
     """
     compiled = dict(compiled)
     added: list[CompiledCandidate] = []
-    valid = {c.name for c in explain_candidates(workload, topology).valid}
 
     def ensure(setups: list[Setup]) -> None:
         missing: dict[str, dict[str, Candidate]] = {}
@@ -569,27 +619,9 @@ def score_baselines(workload: Workload, topology: Topology, pruning: Pruning,
             compiled[result.key] = result
             added.append(result)
 
-    plans: dict[str, tuple[list[Trial], list[Setup]]] = {}
-    groups = [(name, system_setups(name, workload, topology))
-              for name in (SYSTEMS if systems else ())]
-    if compare is not None:
-        groups.append((USER, [user_setup(compare, workload, topology)]))
-    for name, setups in groups:
-        trials, chosen = [], []
-        ranked = []
-        for s in setups:
-            if not isinstance(s, Setup):
-                trials.append(Trial(name, s[0], None, reason=s[1]))
-                continue
-            estimate = _estimate(pruning, s.candidate)
-            if name != USER and (s.candidate.name not in valid or math.isnan(estimate)):
-                trials.append(Trial(name, s.recipe, s, estimate, reason=(
-                    "not a valid candidate here (over HBM or unsplittable)"
-                    if s.candidate.name not in valid else "its IR trace failed")))
-                continue
-            ranked.append((estimate, s))
-        chosen = [s for _, s in sorted(ranked, key=lambda pair: pair[0])]
-        plans[name] = (trials, chosen)
+    if setups is None:
+        setups = baseline_setups(workload, topology, pruning, compare=compare, systems=systems)
+    plans = {g.name: (list(g.trials), list(g.setups)) for g in setups}
     ensure([s for _, chosen in plans.values() for s in chosen])
     # A recipe whose flags libtpu refuses on this slice (e.g. asynchronous all-to-all "not
     # supported on limited ICI") is run without them, as its user would once it fails.
@@ -610,7 +642,7 @@ def score_baselines(workload: Workload, topology: Topology, pruning: Pruning,
         priced = []
         for s in chosen:
             result = compiled[(s.candidate.name, s.flags.label)]
-            estimate = _estimate(pruning, s.candidate)
+            estimate = estimate_of(pruning, s.candidate)
             if result.status != "ok":
                 trials.append(Trial(name, s.recipe, s, estimate,
                                     reason=f"{result.status}: {result.message[:160]}"))
@@ -635,7 +667,8 @@ def score_baselines(workload: Workload, topology: Topology, pruning: Pruning,
     return Baselines(outcomes), added
 
 
-def _estimate(pruning: Pruning, candidate: Candidate) -> float:
+def estimate_of(pruning: Pruning, candidate: Candidate) -> float:
+    """``candidate``'s IR estimate in ``pruning`` (seconds; NaN where it has none)."""
     try:
         decision = pruning.decision(candidate.name)
     except (KeyError, AoizoraError):
@@ -667,6 +700,9 @@ class Headline:
     strategy_s: float = math.nan
     """Its step in plain order: the sharding choice without placement search (against the
     best system in its own library order, so that order's cost counts here too)."""
+    partial: tuple[str, ...] = ()
+    """Systems priced on only some of their setups (a time limit left the others
+    uncompiled): their steps may be slower than their best, and the ratios flatter the plan."""
 
     @property
     def best_system_s(self) -> float:
@@ -694,9 +730,12 @@ class Headline:
         """One row per comparison: ``measures``, ``against``, ``seconds``, ``ratio``."""
         import pandas as pd
 
-        rows = [("vs existing systems", name, s, s / self.plan_s)
+        def label(name: str) -> str:
+            return f"{name} (partial: time limit)" if name in self.partial else name
+
+        rows = [("vs existing systems", label(name), s, s / self.plan_s)
                 for name, s in self.systems.items()]
-        rows.append(("vs existing systems", f"best: {self.best_system or 'none'}",
+        rows.append(("vs existing systems", f"best: {label(self.best_system or 'none')}",
                      self.best_system_s, self.vs_existing))
         rows += [("placement gain", f"plan's program in {how} order", self.plan_s * gain, gain)
                  for how, gain in self.placement_gain.items()]
@@ -731,4 +770,5 @@ def headline(best: Plan, baselines: Baselines,
         best.predicted.total_s, systems, min(priced, key=priced.get) if priced else "",
         predict(best.program, topology, plain).total_s, orders["make_mesh"],
         orders["create_device_mesh"],
-        f"{top.candidate.name} ({top.flags.label} flags)" if top else "", strategy_s)
+        f"{top.candidate.name} ({top.flags.label} flags)" if top else "", strategy_s,
+        tuple(o.name for o in baselines if o.name in SYSTEMS and o.unstarted))

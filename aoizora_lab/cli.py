@@ -6,9 +6,11 @@ Workloads on slices are written as one *case* spec (:mod:`aoizora_lab.cases`), e
 ``aoizora-lab prune wan2.1-t2v-14b@720p/v5e:4x4`` lists the sharding candidates and which
 survive IR pruning, with a reason for each.
 
-``aoizora-lab plan wan2.1-t2v-14b@1280x720x81/v5e:4x4`` runs the whole search and prints the
-ranking, the best plan, its breakdown and the baseline table; ``--verify`` then compiles the
-best plan on its own mesh and checks it is what was scored (:meth:`Plan.verify`).
+``aoizora-lab plan wan2.1-t2v-14b@1280x720x81/v5e:4x4`` runs the search within
+:data:`~aoizora_lab.planner.PLAN_TIME_LIMIT_S` (``--time-limit``; ``--full`` for the whole
+search) and prints the ranking, the best plan, its breakdown and the baseline table;
+``--verify`` then compiles the best plan on its own mesh and checks it is what was scored
+(:meth:`Plan.verify`).
 
 ``aoizora-lab topology v5e:4x4`` prints the slice (shape, wraparound, where the devices came
 from, which device sits on which chip) and a table of predicted collective times under a
@@ -36,6 +38,7 @@ from aoizora_lab.cases import CASE_SPEC, parse_case
 from aoizora_lab.comm_model import compare_placements, standard_collectives
 from aoizora_lab.errors import AoizoraError
 from aoizora_lab.hardware import chip_spec
+from aoizora_lab.planner import PLAN_TIME_LIMIT_S
 from aoizora_lab.topology import Topology
 
 
@@ -103,10 +106,16 @@ def _plan_command(args: argparse.Namespace) -> int:
     if args.json and not Path(args.json).absolute().parent.is_dir():
         raise AoizoraError(f"--json {args.json!r}: folder {str(Path(args.json).parent)!r} does "
                            "not exist; create it or write the plan elsewhere.")
+    if args.full and args.time_limit is not None:
+        raise AoizoraError(f"--full with --time-limit {args.time_limit:g}: --full compiles "
+                           "every survivor and every system's setup whatever the time; give "
+                           "one of the two.")
+    limit = None if args.full else PLAN_TIME_LIMIT_S if args.time_limit is None \
+        else args.time_limit
     topology = case.topology()
     result = plan(workload, topology, num_layers=args.layers, budget=args.budget,
                   quiet=args.quiet, compare=args.compare, max_compiled=args.max_compiled,
-                  time_limit_s=args.time_limit, systems=False if args.no_systems else None,
+                  time_limit_s=limit, systems=not args.no_systems,
                   **({"flags": args.flags} if args.flags else {}))
     best = result.best
     with pd.option_context("display.width", 250, "display.max_columns", 20,
@@ -121,19 +130,26 @@ def _plan_command(args: argparse.Namespace) -> int:
               f"communication {best.predicted.comm_s:.4g} s)")
         print("\nWhere its communication time goes:")
         print(best.breakdown.head(args.top).to_string(float_format=lambda v: f"{v:.4g}"))
-        unstarted = ([r for r in result.compiled if r.status == "unstarted"]
-                     if args.time_limit is not None else [])
+        unstarted = [r for r in result.compiled if r.status == "unstarted"]
         if unstarted:
-            print(f"\nNot compiled within the {args.time_limit:g} s limit: "
-                  + ", ".join(f"{r.candidate.name} ({r.flags.label} flags)" for r in unstarted))
-        if args.no_systems or args.time_limit is not None:
-            print("\nThe systems people run: not compared ("
-                  + ("--no-systems" if args.no_systems else "--time-limit") + ").")
+            print(f"\nNot compiled within the {limit:g} s limit ({len(unstarted)} of "
+                  f"{len(result.compiled)}; the plan is the best of the rest, --full compiles "
+                  "every one): " + ", ".join(f"{r.candidate.name} ({r.flags.label} flags)"
+                                             for r in unstarted[:6])
+                  + (", ..." if len(unstarted) > 6 else ""))
+        if args.no_systems:
+            print("\nThe systems people run: not compared (--no-systems).")
         else:
             print("\nThe systems people run (same compiler, same model; speedup_of_plan = "
                   "system / plan):")
             print(result.baselines.to_frame().drop(columns=["reason", "note"])
                   .to_string(float_format=lambda v: f"{v:.4g}"))
+            for outcome in result.baselines:
+                if outcome.unstarted:
+                    print(f"  {outcome.name}: priced on the setups compiled within the "
+                          f"{limit:g} s limit; not compiled: "
+                          + "; ".join(outcome.unstarted) + " (its best may be among them, "
+                          "so the ratios may flatter the plan: --full compiles every setup)")
         print("\nWhere the gain comes from (ratio = other / plan; strategy: best system / "
               "best candidate in plain order):")
         print(result.headline.to_frame().to_string(float_format=lambda v: f"{v:.4g}"))
@@ -249,9 +265,13 @@ def build_parser() -> argparse.ArgumentParser:
                     help="a quick answer: compile only the N survivors the IR estimates best "
                          "(where estimates tie, the full search's winner may be left out)")
     pl.add_argument("--time-limit", type=float, default=None, metavar="SECONDS",
-                    help="answer within SECONDS, IR traces and placement included: survivors "
-                         "compile best estimate first, none starts that would end later; no "
-                         "systems")
+                    help=f"answer within SECONDS (default {PLAN_TIME_LIMIT_S:g}), IR traces "
+                         "and placement included: survivors compile best estimate first, "
+                         "each system's best-estimate setup among the first; none starts "
+                         "that would end later; compiles already cached are always read")
+    pl.add_argument("--full", action="store_true",
+                    help="no time limit: compile every survivor (with every flag set that "
+                         "could win) and every system's setup")
     pl.add_argument("--no-systems", action="store_true",
                     help="skip the existing systems' setups (their compiles); no headline")
     pl.add_argument("--quiet", action="store_true", help="no progress bar")

@@ -173,6 +173,10 @@ class CompiledCandidate:
     host_peak_bytes: float = math.nan
     """Peak resident memory of the compiling process on the machine that compiled it (NaN
     for results cached before it was recorded)."""
+    child_seconds: float = math.nan
+    """Wall time of the compiling child process, start to result (Python, JAX and libtpu
+    starting included; NaN for results cached before it was recorded): what the compile
+    cost when it ran, which a time-limited plan charges for reading it back."""
 
     @property
     def key(self) -> tuple[str, str]:
@@ -336,6 +340,11 @@ class CompileQueue:
                 self._note(f"{candidate.name} ({flags.label} flags) {raw['status']} in "
                            f"{result.compile_seconds:.0f} s", extra)
         return result
+
+    def cached(self, candidate: Candidate, flags: CompilerFlags) -> bool:
+        """Whether the cache holds this compile (then :meth:`compile` only reads it back)."""
+        job = _job(candidate, self._workload, self._topology, self._num_layers, flags)
+        return (self._cache / cache_key(job) / "meta.json").exists()
 
     def compile(self, candidate: Candidate, flags: CompilerFlags) -> CompiledCandidate:
         """Compile ``candidate`` with ``flags`` and wait for it."""
@@ -505,6 +514,7 @@ def _run_job(job: dict[str, Any], cache_dir: str, timeout_s: float) -> dict[str,
         env["JAX_PLATFORMS"] = "cpu"
         env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count="
                             f"{job['topology']['num_devices']}").strip()
+    started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="aoizora-compile-") as work:
         try:
             done = subprocess.run(
@@ -524,6 +534,7 @@ def _run_job(job: dict[str, Any], cache_dir: str, timeout_s: float) -> dict[str,
             return {"status": "error", "compile_seconds": 0.0,
                     "message": f"worker exited {done.returncode}: {done.stderr[-2000:]}"}
         result = json.loads(result_file.read_text())
+        result["child_seconds"] = time.monotonic() - started
         if result["status"] not in CACHED_STATUSES:
             return result
         for _ in range(2):  # a second try after read_entry cleared a half-removed entry
@@ -647,4 +658,5 @@ def _result(candidate: Candidate, raw: dict[str, Any], model_layers: int,
         compile_seconds=float(raw.get("compile_seconds", 0.0)),
         memory=raw.get("memory", {}), program=program, hlo_path=hlo_path,
         compiled_layers=num_layers or model_layers, cached=bool(raw.get("cached", False)),
-        flags=flags, host_peak_bytes=float(raw.get("host_peak_bytes", math.nan)))
+        flags=flags, host_peak_bytes=float(raw.get("host_peak_bytes", math.nan)),
+        child_seconds=float(raw.get("child_seconds", math.nan)))

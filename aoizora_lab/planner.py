@@ -25,6 +25,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -32,6 +33,10 @@ from aoizora_lab.baselines import (
     USER,
     Baselines,
     Headline,
+    Setup,
+    SystemSetups,
+    baseline_setups,
+    estimate_of,
     headline,
     score_baselines,
     user_setup,
@@ -65,12 +70,17 @@ from aoizora_lab.progress import note as progress_note
 from aoizora_lab.prune import Pruning, prune
 from aoizora_lab.realize import Plan
 from aoizora_lab.topology import Topology
-from aoizora_lab.workers import warm_in_workers
+from aoizora_lab.workers import usable_cpus, warm_in_workers
 from aoizora_lab.workload import Workload
 
 if TYPE_CHECKING:
     import pandas as pd
 
+
+PLAN_TIME_LIMIT_S = 300.0
+"""``aoizora-lab plan``'s time limit unless ``--full`` (``plan()`` itself has none): a cold
+plan should answer while its user still waits, 5 minutes (issue 20's target), and on the
+search-cost case it answers there with the full search's plan."""
 
 SEARCHED_FLAGS: tuple[str, ...] = ("default", "maxdiffusion-ulysses")
 """The flag sets the planner compiles each kept candidate with: libtpu's defaults and
@@ -184,7 +194,7 @@ def plan(workload: Workload, topology: Topology, *, keep: int = 3, budget: int =
          ir_cache_dir: IRCacheDir = None,
          flags: Sequence[str | CompilerFlags] = SEARCHED_FLAGS,
          compare: Any = None, max_compiled: int | None = None,
-         time_limit_s: float | None = None, systems: bool | None = None) -> PlanResult:
+         time_limit_s: float | None = None, systems: bool = True) -> PlanResult:
     """Search candidates, compiler flags and placements of ``workload`` on ``topology``;
     rank; compare with the existing systems (and ``compare``, a setup of yours: MaxDiffusion
     config keys, Wan / xDiT flags or a mesh, see :func:`aoizora_lab.baselines.user_setup`).
@@ -195,10 +205,11 @@ def plan(workload: Workload, topology: Topology, *, keep: int = 3, budget: int =
     (their compiles; the headline then has no system to compare with). ``time_limit_s``
     answers within that many seconds (see :class:`_TimeLimit`): survivors compile best
     estimate first, each with its further flag sets before the next survivors and placed as
-    it comes back, and none starts that would end after the limit (those are ``unstarted``
-    in :attr:`PlanResult.compiled`); the systems' setups are then left out (``systems``
-    defaults to ``True`` without a limit, ``False`` with one; both at once is refused). A
-    setup of yours (``compare``) is still compiled and placed, after the limit.
+    it comes back, each system's best-estimate setup right after the first survivor and its
+    others among the survivors by estimate, and none starts that would end after the limit
+    (those are ``unstarted`` in :attr:`PlanResult.compiled` and the systems' trials; a system
+    priced on only some setups is named in :attr:`Headline.partial`). A setup of yours
+    (``compare``) is compiled whatever the limit.
 
     ``flags``: the flag sets every kept candidate is compiled with (names in
     :data:`aoizora_lab.compile.FLAG_SETS` or ``LIBTPU_INIT_ARGS`` strings; CPU host devices
@@ -221,12 +232,6 @@ def plan(workload: Workload, topology: Topology, *, keep: int = 3, budget: int =
                            "(survivors to compile at most), or None to compile every one.")
     if time_limit_s is not None:
         check_time_limit(time_limit_s)
-    if systems and time_limit_s is not None:
-        raise AoizoraError(
-            f"plan(time_limit_s={time_limit_s}, systems=True): the existing systems' setups "
-            "are a dozen more compiles that no time limit bounds; leave systems out (the "
-            "default with a limit) or drop the limit for the full comparison.")
-    systems = time_limit_s is None if systems is None else systems
     limit = None if time_limit_s is None else _TimeLimit(time_limit_s)
     if isinstance(flags, str | CompilerFlags) or not flags:
         raise AoizoraError(f"plan(flags={flags!r}): give a list of flag sets, e.g. "
@@ -247,6 +252,8 @@ def plan(workload: Workload, topology: Topology, *, keep: int = 3, budget: int =
     stage("candidates", f"{len(space.valid)} valid candidates; tracing their IR")
     pruning = prune(space.valid, workload, topology, keep=keep, ir_cache_dir=ir_cache_dir,
                     max_kept=max_compiled)
+    if limit is not None:
+        limit.traced(sum(d.estimate.trace_seconds for d in pruning if d.estimate is not None))
     if not pruning.kept:
         raise AoizoraError(
             f"No candidate of {workload.name} on {topology.name} survived pruning: "
@@ -257,6 +264,9 @@ def plan(workload: Workload, topology: Topology, *, keep: int = 3, budget: int =
     stage("pruned", f"{len(pruning.kept)} kept by the IR estimates; compiling them with "
           f"{len(flag_sets)} flag set(s)")
 
+    # With a limit the systems' setups share it, so they are known before anything compiles.
+    setups = baseline_setups(workload, topology, pruning, compare=compare, systems=systems)
+    scheduled = setups if limit else []
     best_so_far = _BestSoFar(topology)
     # One pool for every sweep below: the systems' setups compile with several flag sets
     # side by side, so no worker idles at the end of one while another waits.
@@ -267,22 +277,30 @@ def plan(workload: Workload, topology: Topology, *, keep: int = 3, budget: int =
         rank_placements(result.program, result.candidate, topology, budget=budget,
                         top=top_placements, flags=result.flags)
 
-    def compile(candidates: list[Candidate], with_flags: CompilerFlags) -> Compiles:
-        return compile_candidates(candidates, workload, topology, executor=pool,
-                                  cache_dir=cache_dir, timeout_s=timeout_s,
-                                  num_layers=num_layers, flags=with_flags,
-                                  describe=best_so_far)
+    def compile(candidates: list[Candidate], with_flags: CompilerFlags
+                ) -> list[CompiledCandidate]:
+        # Past a limit a system's fallback compile (its recipe's flags refused) waits too.
+        late = [r for r in (limit.unstarted(c, with_flags) for c in candidates)
+                if r is not None] if limit else []
+        rest = [c for c in candidates if c.name not in {r.candidate.name for r in late}]
+        return [*late, *(compile_candidates(rest, workload, topology, executor=pool,
+                                            cache_dir=cache_dir, timeout_s=timeout_s,
+                                            num_layers=num_layers, flags=with_flags,
+                                            describe=best_so_far) if rest else [])]
 
     try:
         with CompileQueue(workload, topology, executor=pool, cache_dir=cache_dir,
                           timeout_s=timeout_s, num_layers=num_layers, describe=best_so_far,
-                          expected=len(pruning.kept) * len(flag_sets), at_most=True) as queue:
-            compiled, skipped = _compile_flag_sets(pruning.kept, flag_sets, queue,
-                                                   best_so_far, limit=limit,
-                                                   place=place if limit else None)
-        stage("compiled", "compiling the existing systems' setups" if systems else
-              "not compiling the existing systems' setups ("
-              + ("systems=False)" if time_limit_s is None else f"a {time_limit_s:g} s limit)"))
+                          expected=len(pruning.kept) * len(flag_sets)
+                          + sum(len(g.setups) for g in scheduled), at_most=True) as queue:
+            compiled, skipped, from_setups = _compile_flag_sets(
+                pruning.kept, flag_sets, queue, best_so_far, limit=limit,
+                place=place if limit else None, setups=scheduled,
+                estimate=lambda c: estimate_of(pruning, c))
+        stage("compiled", "compiling the existing systems' setups" if systems and not limit
+              else "pricing the existing systems' setups compiled within the "
+              f"{time_limit_s:g} s limit" if systems else
+              "not compiling the existing systems' setups (systems=False)")
         if not compiled.ok:
             raise AoizoraError(
                 "No candidate compiled: "
@@ -291,12 +309,15 @@ def plan(workload: Workload, topology: Topology, *, keep: int = 3, budget: int =
                 + ". Fix what the messages say (an oom needs more chips or FSDP; crash or "
                 "timeout: retry, or raise timeout_s)."
             )
+        known = {r.key: r for r in compiled}
+        known.update((key, r) for key, r in from_setups.items()
+                     if key not in known or known[key].status == "unstarted")
         # The existing systems' setups (and yours) are compiled before placement, so the
         # search places their programs too: the plan searches the space the systems run in.
-        baselines, added = score_baselines(workload, topology, pruning,
-                                           {r.key: r for r in compiled
-                                            if r.status != "unstarted"}, compile,
-                                           compare=compare, systems=systems)
+        baselines, added = score_baselines(workload, topology, pruning, known, compile,
+                                           setups=setups)
+        survivors = {r.key for r in compiled if r.status != "unstarted"}
+        added = [*(r for key, r in from_setups.items() if key not in survivors), *added]
     finally:
         if executor is None:
             pool.shutdown()
@@ -335,18 +356,36 @@ class _TimeLimit:
     this plan ran, would end by the limit; the first round always starts (a plan needs a
     program). Example: a 300 s limit, 20 s of IR traces, steps of ~46 s two at a time:
     rounds end at 66, 112, ... 296 s; a seventh would end at ~342 s and does not start.
+
+    Work read back from the caches is charged what it cost when it ran (:meth:`charge`), so
+    the same plan on a warm cache stops where it stopped cold and answers at once, instead
+    of spending the limit again on compiles the first run left out. Whatever the caches
+    hold is read, past the limit too: a full search's compiles make a limited plan the full
+    one.
     """
 
     def __init__(self, seconds: float) -> None:
         self.seconds = seconds
-        self.deadline = time.monotonic() + seconds
+        self.start = time.monotonic()
+        self.deadline = self.start + seconds
         self.steps: list[float] = []
         self.lock = threading.Lock()
 
     def record(self, seconds: float) -> None:
-        """One fresh compile and its placement search took ``seconds``."""
+        """One compile and its placement search took ``seconds``."""
         with self.lock:
             self.steps.append(seconds)
+
+    def charge(self, seconds: float) -> None:
+        """Count ``seconds`` of work read back from a cache as if it ran now."""
+        with self.lock:
+            self.deadline -= seconds
+
+    def traced(self, seconds: float) -> None:
+        """The IR traces took ``seconds`` when they ran (side by side, :func:`usable_cpus`
+        at a time): count that much from the start where reading them back took less."""
+        with self.lock:
+            self.deadline -= max(0.0, seconds / usable_cpus() - (time.monotonic() - self.start))
 
     def unstarted(self, candidate: Candidate, flags: CompilerFlags) -> CompiledCandidate | None:
         """The ``unstarted`` result of a compile that would end after the limit, or ``None``
@@ -435,9 +474,13 @@ def _compile_flag_sets(kept: list[Candidate], flag_sets: list[CompilerFlags],
                        queue: CompileQueue, priced: _BestSoFar, *,
                        limit: _TimeLimit | None = None,
                        place: Callable[[CompiledCandidate], None] | None = None,
-                       ) -> tuple[Compiles, tuple[SkippedCompile, ...]]:
+                       setups: Sequence[SystemSetups] = (),
+                       estimate: Callable[[Candidate], float] = lambda c: math.nan,
+                       ) -> tuple[Compiles, tuple[SkippedCompile, ...],
+                                  dict[tuple[str, str], CompiledCandidate]]:
     """Compile ``kept`` (best IR estimate first, as many at a time as the pool runs) with
-    the first flag set, then with each other flag set where it could still win.
+    the first flag set, then with each other flag set where it could still win; with a
+    ``limit``, the systems' ``setups`` too.
 
     Flags change how communication overlaps compute, not the ops' compute: a candidate's
     step under any flags and placement is at least its compute under the first flags. So a
@@ -454,11 +497,45 @@ def _compile_flag_sets(kept: list[Candidate], flag_sets: list[CompilerFlags],
     with MaxDiffusion's flags, then ``B``'s, then ``C`` and ``D``), judged against the best
     so far (never below the final best: it spares less, never a winner), so the flags that
     win are reached before the limit; nothing starts past it, and ``place`` places each
-    program as it comes back, so the limit counts placement too.
+    program as it comes back, so the limit counts placement too. The ``setups`` then share
+    the limit: the user's (:data:`USER`, never left out) and each system's best IR estimate
+    right after the first survivor, so every system is priced on at least one setup, and
+    each system's other setups where their estimate falls among the survivors'. A setup
+    that is also a survivor (same candidate and flags) compiles once.
+
+    Returns the survivors' compiles, the spared ones, and the setups' compiles by key.
     """
     results: dict[tuple[int, int], CompiledCandidate] = {}
     skipped: dict[tuple[int, int], SkippedCompile] = {}
+    done: dict[tuple[str, str], CompiledCandidate] = {}
+    from_setups: dict[tuple[str, str], CompiledCandidate] = {}
+    lock = threading.Lock()
     stop = threading.Event()  # a failure elsewhere: start nothing more
+
+    def run(candidate: Candidate, flags: CompilerFlags, bounded: bool = True
+            ) -> CompiledCandidate:
+        key = (candidate.name, flags.label)
+        with lock:
+            known = done.get(key)
+        late = (limit.unstarted(candidate, flags) if limit and bounded and not known
+                and not queue.cached(candidate, flags) else None)
+        if known is not None or late is not None:
+            queue.skip()
+            return known or late
+        start = time.monotonic()
+        result = queue.compile(candidate, flags)
+        priced(result)  # the best so far, whatever the queue's progress hook is
+        if place is not None and result.status == "ok":
+            place(result)
+        if limit is not None:
+            if not result.cached:
+                limit.record(time.monotonic() - start)
+            elif math.isfinite(result.child_seconds):  # its cost cold, shared as it ran
+                limit.record(result.child_seconds)
+                limit.charge(result.child_seconds / queue.width)
+        with lock:
+            done[key] = result
+        return result
 
     def survivor(i: int, sets: range) -> None:
         for j in sets:
@@ -471,31 +548,46 @@ def _compile_flag_sets(kept: list[Candidate], flag_sets: list[CompilerFlags],
                 skipped[i, j] = SkippedCompile(kept[i], flag_sets[j], price.compute_s, best_s)
                 queue.skip()
                 continue
-            late = None
-            if limit is not None:  # one whose first compile did not start gets no other
-                late = (first if j and first is not None and first.status == "unstarted"
-                        else limit.unstarted(kept[i], flag_sets[j]))
-            if late is not None:
-                results[i, j] = dataclasses.replace(late, flags=flag_sets[j])
+            with lock:
+                known = done.get((kept[i].name, flag_sets[j].label))  # a setup's compile
+            if j and first is not None and first.status == "unstarted" and known is None:
+                # one whose first compile did not start gets no other
+                results[i, j] = dataclasses.replace(first, flags=flag_sets[j])
                 queue.skip()
                 continue
-            start = time.monotonic()
-            results[i, j] = result = queue.compile(kept[i], flag_sets[j])
-            priced(result)  # the best so far, whatever the queue's progress hook is
-            if place is not None and result.status == "ok":
-                place(result)
-            if limit is not None and not result.cached:
-                limit.record(time.monotonic() - start)
+            results[i, j] = run(kept[i], flag_sets[j])
 
-    phases = ([range(len(flag_sets))] if limit is not None
-              else [range(1), range(1, len(flag_sets))])
-    with cf.ThreadPoolExecutor(max_workers=max(1, min(queue.width, len(kept)))) as survivors:
-        for sets in phases:
-            try:  # in order; re-raises a survivor's failure
-                list(survivors.map(survivor, range(len(kept)), [sets] * len(kept)))
+    def setup(s: Setup, bounded: bool) -> None:
+        if not stop.is_set():
+            from_setups[s.candidate.name, s.flags.label] = run(s.candidate, s.flags, bounded)
+
+    def go(tasks: list[Callable[[], None]]) -> None:
+        with cf.ThreadPoolExecutor(max_workers=max(1, min(queue.width, len(tasks)))) as pool:
+            try:  # started in order; re-raises a task's failure
+                list(pool.map(lambda task: task(), tasks))
             except BaseException:
                 stop.set()
                 raise
+
+    every = range(len(flag_sets))
+    if limit is None:
+        go([partial(survivor, i, range(1)) for i in range(len(kept))])
+        go([partial(survivor, i, range(1, len(flag_sets))) for i in range(len(kept))])
+    else:
+        yours = [g for g in setups if g.name == USER]  # compiled whatever the limit
+        tasks = [partial(survivor, 0, every),
+                 *(partial(setup, s, False) for g in yours for s in g.setups),
+                 *(partial(setup, g.setups[0], True) for g in setups
+                   if g.name != USER and g.setups)]
+        rest = sorted(((estimate(s.candidate), n, s) for g in setups if g.name != USER
+                       for n, s in enumerate(g.setups[1:])), key=lambda t: t[:2])
+        for i in range(1, len(kept)):
+            while rest and rest[0][0] <= estimate(kept[i]):
+                tasks.append(partial(setup, rest.pop(0)[2], True))
+            tasks.append(partial(survivor, i, every))
+        tasks += [partial(setup, s, True) for *_, s in rest]
+        go(tasks)
     by_flags = sorted(results, key=lambda ij: (ij[1], ij[0]))
     return (Compiles(results[ij] for ij in by_flags),
-            tuple(skipped[ij] for ij in sorted(skipped, key=lambda ij: (ij[1], ij[0]))))
+            tuple(skipped[ij] for ij in sorted(skipped, key=lambda ij: (ij[1], ij[0]))),
+            from_setups)

@@ -7,7 +7,7 @@ import pytest
 from tiny import TINY, WORKLOAD
 
 import aoizora_lab as az
-from aoizora_lab.baselines import SYSTEMS, Status
+from aoizora_lab.baselines import SYSTEMS, USER, Status
 from aoizora_lab.hlo import parse_hlo
 from aoizora_lab.models.parallel import ParallelPlan
 from aoizora_lab.models.wan import init_params
@@ -46,19 +46,49 @@ def test_a_time_limited_plan_compiles_its_first_round_and_names_what_it_left(pla
     # compile at a time, so the first round is the best estimate alone.
     with cf.ThreadPoolExecutor(1) as one:
         timed = plan(WORKLOAD, topology, budget=400, time_limit_s=1e-3, cache_dir=tmp_path,
-                     executor=one)
+                     executor=one, compare="--ulysses_size 2 --ring_size 4")
     started = [r.candidate for r in timed.compiled if r.status != "unstarted"]
     left = [r for r in timed.compiled if r.status == "unstarted"]
     assert started == timed.pruning.kept[:1]  # a plan needs a program
     assert [r.candidate for r in left] == timed.pruning.kept[1:]
     assert left and all("time limit" in r.message and r.compile_seconds == 0 for r in left)
-    assert timed.best.candidate in started
-    assert not list(timed.baselines) and np.isnan(timed.headline.vs_existing)  # no systems
+    # The systems share the limit: each priced on what compiled, naming the setups left out.
+    outcomes = {o.name: o for o in timed.baselines}
+    assert list(outcomes) == [*SYSTEMS, USER]
+    yours = (outcomes[USER].candidate.name, outcomes[USER].plan.flags.label)
+    compiled = {r.key for r in timed.compiled if r.status == "ok"} | {yours}
+    for name in SYSTEMS:
+        for trial in (t for t in outcomes[name].trials if t.setup is not None):
+            if trial.recipe in outcomes[name].unstarted:
+                assert "time limit" in trial.reason and np.isnan(trial.total_s)
+            elif not trial.reason:  # compiled only as a survivor or as your setup
+                assert (trial.setup.candidate.name, trial.setup.flags.label) in compiled
+    partial = {n for n in SYSTEMS if outcomes[n].unstarted}
+    assert partial and set(timed.headline.partial) == partial
+    frame = timed.headline.to_frame()
+    assert frame["against"].str.contains("partial: time limit").sum() >= len(partial)
+    assert all(r.status == "unstarted" for r in timed.baseline_compiles if r.key != yours)
+    # Yours is compiled whatever the limit.
+    assert outcomes[USER].status == Status.OK
+    assert timed.best.predicted.total_s <= outcomes[USER].plan.predicted.total_s
+    # Again on the cache it filled: what was read back is charged what it cost, so the same
+    # compiles, none of them fresh, and the same answer at once.
+    with cf.ThreadPoolExecutor(1) as one:
+        again = plan(WORKLOAD, topology, budget=400, time_limit_s=1e-3, cache_dir=tmp_path,
+                     executor=one, compare="--ulysses_size 2 --ring_size 4")
+    assert ([(r.key, r.status) for r in again.compiled]
+            == [(r.key, r.status) for r in timed.compiled])
+    assert all(r.cached for r in [*again.compiled, *again.baseline_compiles]
+               if r.status != "unstarted")
+    assert again.best.predicted.total_s == timed.best.predicted.total_s
+    # A full search's compiles (the fixture's, in the default cache) are read past any limit.
+    read = plan(WORKLOAD, topology, budget=400, time_limit_s=1e-3)
+    assert [r.key for r in read.compiled] == [r.key for r in planned.compiled]
+    assert all(r.cached for r in read.compiled) and not read.headline.partial
+    assert read.best.predicted.total_s == pytest.approx(planned.best.predicted.total_s)
     for bad in (0, -5, float("nan"), True):
         with pytest.raises(az.AoizoraError, match="time_limit_s="):
             plan(WORKLOAD, topology, time_limit_s=bad)
-    with pytest.raises(az.AoizoraError, match="systems=True"):
-        plan(WORKLOAD, topology, time_limit_s=60, systems=True)
 
 
 @pytest.mark.slow  # the planned fixture compiles in child processes
@@ -178,6 +208,68 @@ def _replay(kept, by_key, topology, further, interleaved):
     return expected, spared
 
 
+def test_a_time_limited_plan_puts_the_systems_setups_among_the_survivors():
+    from aoizora_lab.baselines import Setup, SystemSetups
+    from aoizora_lab.candidates import explain_candidates
+    from aoizora_lab.compile import CompiledCandidate, compiler_flags
+    from aoizora_lab.planner import _BestSoFar, _compile_flag_sets, _TimeLimit
+
+    topology = az.Topology.simulated((2, 4), devices=jax.devices()[:8])
+    valid = list(explain_candidates(WORKLOAD, topology).valid)
+    kept, others = valid[:4], valid[4:7]
+    default, further = compiler_flags("default"), compiler_flags("maxdiffusion-ulysses")
+
+    class Queue:  # the schedule alone: every compile "fails", so no flag set is spared
+        width = 1
+
+        def compile(self, candidate, flags):
+            calls.append((candidate.name, flags.label))
+            return CompiledCandidate(candidate, "error", "not compiled here", 0.0, flags=flags)
+
+        def skip(self):
+            skips.append(1)
+
+        def cached(self, candidate, flags):
+            return False
+
+    def setup(candidate, system="a-system"):
+        return Setup(system, candidate.name, candidate, Placement(tuple(range(8)), "plain"),
+                     default)
+
+    estimates = {c.name: 1.0 + i for i, c in enumerate(kept)}  # kept[i]: 1, 2, 3, 4
+    estimates.update({others[0].name: 0.5, others[1].name: 2.5, others[2].name: 9.0})
+    setups = [SystemSetups("a-system", (), (setup(others[0]), setup(others[1]),
+                                            setup(kept[3]))),
+              SystemSetups(USER, (), (setup(others[2], USER),))]
+    calls, skips = [], []
+    compiled, _, from_setups = _compile_flag_sets(
+        kept, [default, further], Queue(), _BestSoFar(topology), limit=_TimeLimit(1e6),
+        setups=setups, estimate=lambda c: estimates[c.name])
+
+    def both(c):
+        return [(c.name, default.label), (c.name, further.label)]
+
+    # The first survivor, yours, the system's best estimate; then by estimate, the system's
+    # setup that is also a survivor (same flags) compiled once, before that survivor.
+    assert calls == [*both(kept[0]), (others[2].name, "default"), (others[0].name, "default"),
+                     *both(kept[1]), (others[1].name, "default"), *both(kept[2]),
+                     (kept[3].name, "default"), (kept[3].name, further.label)]
+    assert len(skips) == 1
+    assert set(from_setups) == {(c.name, "default") for c in [*others, kept[3]]}
+    assert {r.key for r in compiled} == {k for c in kept for k in both(c)}
+    # Past the limit after the first compile: yours still compiles, and a survivor whose
+    # compile it is has it, though its own first compile was left out.
+    yours = Setup(USER, "yours", kept[2], Placement(tuple(range(8)), "plain"), further)
+    calls, skips = [], []
+    compiled, _, _ = _compile_flag_sets(
+        kept, [default, further], Queue(), _BestSoFar(topology), limit=_TimeLimit(1e-9),
+        setups=[SystemSetups(USER, (), (yours,))], estimate=lambda c: estimates[c.name])
+    assert calls == [(kept[0].name, "default"), (kept[2].name, further.label)]
+    status = {r.key: r.status for r in compiled}
+    assert status.pop((kept[2].name, further.label)) == status.pop((kept[0].name, "default"))
+    assert set(status.values()) == {"unstarted"}
+
+
 @pytest.mark.slow  # compiles in child processes
 def test_further_flag_sets_compile_only_while_they_could_still_win(tmp_path):
     import concurrent.futures as cf
@@ -204,8 +296,8 @@ def test_further_flag_sets_compile_only_while_they_could_still_win(tmp_path):
         calls, priced = [], _BestSoFar(topology)
         with cf.ThreadPoolExecutor(1) as one, Recording(  # one at a time: a fixed order
                 WORKLOAD, topology, executor=one, cache_dir=tmp_path, describe=priced) as queue:
-            compiled, skipped = _compile_flag_sets(kept, [default, further], queue, priced,
-                                                   limit=limit)
+            compiled, skipped, _ = _compile_flag_sets(kept, [default, further], queue, priced,
+                                                      limit=limit)
         by_key = {r.key: r for r in compiled}
         expected, spared = _replay(kept, by_key, topology, further, limit is not None)
         assert calls == expected

@@ -506,6 +506,8 @@ def test_cli_bad_plan_arguments_exit_2_with_one_line(capsys, tmp_path):
     one_line(["plan", case, "--max-compiled", "0"], "max_compiled=0", "whole number >= 1")
     one_line(["plan", case, "--time-limit", "0"], "time_limit_s=0", "positive number of seconds")
     one_line(["plan", case, "--time-limit", "inf"], "time_limit_s=inf", "e.g. 300")
+    one_line(["plan", case, "--full", "--time-limit", "60"], "--full with --time-limit 60",
+             "give one of the two")
     one_line(["plan", case, "--json", str(tmp_path / "no" / "plan.json")], "does not exist")
     # argparse's own refusals: usage plus one error line, status 2, no traceback.
     with pytest.raises(SystemExit) as exit_:
@@ -514,6 +516,24 @@ def test_cli_bad_plan_arguments_exit_2_with_one_line(capsys, tmp_path):
     err = capsys.readouterr().err
     assert "Traceback" not in err and err.strip().splitlines()[-1].startswith(
         "aoizora-lab plan: error: argument --layers: invalid int value: 'two'")
+
+
+def test_cli_plans_within_the_default_time_limit_unless_told(monkeypatch):
+    from aoizora_lab import planner
+
+    asked = []
+
+    def stop(*args, **kwargs):  # what the command asks plan() for, then out
+        asked.append(kwargs)
+        raise AoizoraError("stub")
+
+    monkeypatch.setattr(planner, "plan", stop)
+    case = "wan2.1-t2v-1.3b@832x480x81/v5e:2x4"
+    for argv in ([], ["--full"], ["--time-limit", "60"], ["--no-systems"]):
+        assert main(["plan", case, *argv]) == 2
+    assert [(a["time_limit_s"], a["systems"]) for a in asked] == [
+        (planner.PLAN_TIME_LIMIT_S, True), (None, True), (60, True),
+        (planner.PLAN_TIME_LIMIT_S, False)]
 
 
 @pytest.mark.parametrize(("case", "fragments"), [
