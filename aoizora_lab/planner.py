@@ -70,6 +70,7 @@ from aoizora_lab.progress import note as progress_note
 from aoizora_lab.prune import Pruning, prune
 from aoizora_lab.realize import Plan
 from aoizora_lab.topology import Topology
+from aoizora_lab.versions import is_memoized, memoized
 from aoizora_lab.workers import usable_cpus, warm_in_workers
 from aoizora_lab.workload import Workload
 
@@ -254,6 +255,14 @@ def plan(workload: Workload, topology: Topology, *, keep: int = 3, budget: int =
                     max_kept=max_compiled)
     if limit is not None:
         limit.traced(sum(d.estimate.trace_seconds for d in pruning if d.estimate is not None))
+        # Everything that shapes what a time-limited plan starts: the same again reads back
+        # what its first run started, and starts nothing else.
+        first_run = (workload, topology.name, topology.source, num_layers, tuple(flag_sets),
+                     keep, max_compiled, systems, compare, time_limit_s, budget,
+                     top_placements, tuple(c.name for c in pruning.kept))
+        if is_memoized("time-limited-plan", first_run, sources=["planner.py"]):
+            limit.started = memoized("time-limited-plan", first_run, lambda: None,
+                                     sources=["planner.py"])
     if not pruning.kept:
         raise AoizoraError(
             f"No candidate of {workload.name} on {topology.name} survived pruning: "
@@ -318,6 +327,10 @@ def plan(workload: Workload, topology: Topology, *, keep: int = 3, budget: int =
                                            setups=setups)
         survivors = {r.key for r in compiled if r.status != "unstarted"}
         added = [*(r for key, r in from_setups.items() if key not in survivors), *added]
+        if limit is not None and limit.started is None:
+            memoized("time-limited-plan", first_run, lambda: frozenset(
+                r.key for r in [*compiled, *added] if r.status != "unstarted"),
+                sources=["planner.py"])
     finally:
         if executor is None:
             pool.shutdown()
@@ -357,15 +370,19 @@ class _TimeLimit:
     program). Example: a 300 s limit, 20 s of IR traces, steps of ~46 s two at a time:
     rounds end at 66, 112, ... 296 s; a seventh would end at ~342 s and does not start.
 
-    Work read back from the caches is charged what it cost when it ran (:meth:`charge`), so
-    the same plan on a warm cache stops where it stopped cold and answers at once, instead
-    of spending the limit again on compiles the first run left out. Whatever the caches
-    hold is read, past the limit too: a full search's compiles make a limited plan the full
-    one.
+    The same plan again (same case, options and limit: ``started``, what its first run
+    started) starts exactly those compiles, reading them back, so it answers at once with
+    the same plan instead of spending the limit again on what the first run left out.
+    Other work read back from the caches is charged what it cost when it ran
+    (:meth:`charge`, :meth:`traced`), so a plan with a longer limit spends only the
+    difference. Whatever the caches hold is read, past the limit too: a full search's
+    compiles make a limited plan the full one.
     """
 
-    def __init__(self, seconds: float) -> None:
+    def __init__(self, seconds: float, started: frozenset[tuple[str, str]] | None = None
+                 ) -> None:
         self.seconds = seconds
+        self.started = started
         self.start = time.monotonic()
         self.deadline = self.start + seconds
         self.steps: list[float] = []
@@ -390,6 +407,13 @@ class _TimeLimit:
     def unstarted(self, candidate: Candidate, flags: CompilerFlags) -> CompiledCandidate | None:
         """The ``unstarted`` result of a compile that would end after the limit, or ``None``
         to start it."""
+        if self.started is not None:
+            if (candidate.name, flags.label) in self.started:
+                return None
+            return CompiledCandidate(
+                candidate, "unstarted", f"not compiled: the first run of this plan did not "
+                f"reach it within its {self.seconds:g} s time limit; raise the limit to "
+                "compile it", 0.0, flags=flags)
         with self.lock:
             typical = sum(self.steps) / len(self.steps) if self.steps else 0.0
         late = time.monotonic() + typical - self.deadline
