@@ -130,7 +130,8 @@ def memoized(kind: str, key: object, compute: Callable[[], T], *,
              sources: Sequence[str] = ()) -> T:
     """``compute()``, kept on disk under ``cache_root()/kind`` and read back for the same
     ``key`` (whose ``repr`` must name every input), package versions and ``sources`` (paths
-    inside the package whose code shapes the result). Only for deterministic results.
+    inside the package whose code shapes the result). Only for deterministic results, or a
+    record meant to be read back as first written (what a time-limited plan first started).
 
     Example: ``memoized("program", (hlo_sha256, depth), parse, sources=["hlo.py"])`` parses a
     compile's HLO once; an edit of ``hlo.py`` is a miss. A damaged entry is recomputed.
