@@ -585,12 +585,11 @@ def baseline_setups(workload: Workload, topology: Topology, pruning: Pruning, *,
 
 def score_baselines(workload: Workload, topology: Topology, pruning: Pruning,
                     compiled: Mapping[tuple[str, str], CompiledCandidate], compile: Compile,
-                    *, compare: Any = None, systems: bool = True,
-                    setups: Sequence[SystemSetups] | None = None
+                    *, setups: Sequence[SystemSetups] | None = None
                     ) -> tuple[Baselines, list[CompiledCandidate]]:
-    """Price every system's setups (``setups``, default :func:`baseline_setups` of
-    ``compare`` and ``systems``), compiling what ``compiled`` (by
-    :attr:`CompiledCandidate.key`) lacks.
+    """Price every system's setups (``setups``, default :func:`baseline_setups`: every
+    system's, none of yours), compiling what ``compiled`` (by :attr:`CompiledCandidate.key`)
+    lacks.
 
     A system with several setups compiles every one whose candidate the planner's space holds
     (the IR estimate is reported, not used to choose) and takes the fastest predicted step; a
@@ -620,7 +619,7 @@ def score_baselines(workload: Workload, topology: Topology, pruning: Pruning,
             added.append(result)
 
     if setups is None:
-        setups = baseline_setups(workload, topology, pruning, compare=compare, systems=systems)
+        setups = baseline_setups(workload, topology, pruning)
     plans = {g.name: (list(g.trials), list(g.setups)) for g in setups}
     ensure([s for _, chosen in plans.values() for s in chosen])
     # A recipe whose flags libtpu refuses on this slice (e.g. asynchronous all-to-all "not
