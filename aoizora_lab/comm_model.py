@@ -45,6 +45,36 @@ is *regular* when its chips are every combination of a set of positions per phys
 - ``collective-permute``: each (source, target) pair sends its whole result (a device's send to
   itself is priced as a same-chip transfer: a local copy).
 
+**Device order** (``ModelOptions.order``). A replica group lists its devices in an order (the
+mesh's device order along the group's axes), and the TPU's collectives may run along it:
+JAX's ``mesh_utils`` builds "rotated pincer device assignment[s]" (ring orders such as
+``_V5E_TRAY_RING_ORDER``) for the ``RotatedPincerEmitter`` that runs TPU all-reduces, and
+order-only changes have published step-time gains (``reports/benchmarks.md``, "Device
+order"). What the compiler itself says, read from the ``collective_algorithm_config`` of
+deviceless compiles (libtpu 0.0.42.1): an all-reduce over up to
+:data:`RING_IN_ORDER_MAX_MEMBERS` devices is a bidirectional 1D ring with no reordering map in
+any order, so it runs along the group's order; larger groups get per-axis (ND) rings or a
+ring with a reordering map, whatever the order; an all-gather's emitter
+(``1DAllGatherNonMajorDim``) carries a reordering map, so it maps any order onto its own ring.
+Three models (:func:`order_algorithm`):
+
+- ``"compiler"`` (default): that reading. All-reduces and reduce-scatters (which compile to
+  all-reduce fusions) of groups up to 8 devices run one bidirectional ring in the group's
+  order, each hop routed on the torus (a hop between devices of one chip takes the intra-chip
+  path); everything else as ``"physical"``. The published order-only measurements choose it:
+  it is the only model whose predicted collective gain reaches every published step gain.
+- ``"logical"``: every gather and reduction runs along its group's order: where the order is
+  a grid of physical lines (:func:`order_grid`; a line in physical order, a block in row-major
+  order) per-axis phases with each line's ring in group order, which for lines in physical
+  order is exactly the ``"physical"`` algorithm; any other order one ring in group order.
+- ``"physical"``: per-axis rings in physical order for every regular group (the model before
+  device orders were seen): two orders of the same chips cost the same.
+
+Worked example (``v6e:2x4``, an all-reduce of 64 MB over all 8 chips): in coordinate
+row-major order the ring's hops (1,0)->(0,1) take two links and its closing hop (1,3)->(0,0)
+four, so ``"compiler"`` prices it at 1.32 ms; in the ring order (0,0) (0,1) (0,2) (0,3) (1,3)
+(1,2) (1,1) (1,0) every hop is one link: 0.66 ms (``"physical"``: 0.85 ms in both orders).
+
 Routing is dimension-ordered; with ``routing="balanced"`` (default) each transfer's bytes are
 split evenly over every axis order and both ways of a tied wrapped axis, which keeps the model
 invariant under mirror and rotation symmetries of the slice; ``"dimension-order"`` uses only
@@ -145,6 +175,22 @@ class Collective:
         return max(i for g in self.groups for i in g)
 
 
+ORDER_MODELS: tuple[str, ...] = ("compiler", "logical", "physical")
+"""How the order of a group's devices shapes its gathers and reductions (module docstring,
+*Device order*)."""
+
+RING_IN_ORDER_MAX_MEMBERS = 8
+"""The largest group whose all-reduce (and reduce-scatter) libtpu runs as one ring in the
+group's own device order. Its ``RotatedPincerEmitter`` labels groups of 2, 4 and 8 devices
+``UniDirection1DRingStrategy`` (two colours: both ways) with ``has_reordering_map:0`` in every
+order tried, the whole ``v5e:2x4`` / ``v6e:2x4`` slice included; larger groups get a strategy
+that does not follow the order: a whole slice ``UniDirectionNDRingStrategy`` / ``StrategyND``
+(per-axis rings; ``v5e:4x4``, ``v5e:8x8`` and ``v5p:2x2x4`` in any order, random ones
+included), 16 or 32 devices of a larger slice ``StrategyRing`` with ``has_reordering_map:1``
+(libtpu 0.0.42.1, deviceless; ``benchmarks/device_order.py`` compiles them again and prints
+the labels in ``reports/benchmarks.md``, "Device order")."""
+
+
 @dataclass(frozen=True)
 class ModelOptions:
     """Switches between modelling choices where evidence is thin (see the module docstring)."""
@@ -153,6 +199,10 @@ class ModelOptions:
     """``"balanced"``: split each transfer over all axis orders and both ways of a tie."""
     multi_axis: Literal["concurrent", "sequential"] = "concurrent"
     """How an all-gather over several physical axes orders its per-axis phases."""
+    order: Literal["compiler", "logical", "physical"] = "compiler"
+    """What a group's device order does to its gathers and reductions (module docstring,
+    *Device order*): ``"compiler"`` as libtpu's emitters label them, ``"logical"`` every
+    group along its own order, ``"physical"`` per-axis rings whatever the order."""
 
     def __post_init__(self) -> None:
         if self.routing not in ("balanced", "dimension-order"):
@@ -162,6 +212,11 @@ class ModelOptions:
         if self.multi_axis not in ("concurrent", "sequential"):
             raise AoizoraError(
                 f"ModelOptions.multi_axis={self.multi_axis!r}; use 'concurrent' or 'sequential'."
+            )
+        if self.order not in ORDER_MODELS:
+            raise AoizoraError(
+                f"ModelOptions.order={self.order!r}; use one of {list(ORDER_MODELS)} (module "
+                "docstring of aoizora_lab.comm_model, 'Device order')."
             )
 
 
@@ -395,7 +450,7 @@ def _phases(collective: Collective, group_chips: list[np.ndarray], topology: Top
             per_group.append([direct_flows(collective.kind, chips, size)])
         else:
             shard = gathered_shard(collective.kind, size, len(chips))
-            phases = all_gather_phases(chips, shard, topology, options)
+            phases = all_gather_phases(chips, shard, topology, options, collective.kind)
             per_group.append(phases * 2 if collective.kind == "all-reduce" else phases)
     merged: list[Flows] = []
     for step in range(max(len(p) for p in per_group)):
@@ -442,12 +497,92 @@ def group_layout(chips: np.ndarray, topology: Topology
     return unique, per_chip, positions, regular
 
 
+def order_algorithm(kind: str, members: int, topology: Topology,
+                    options: ModelOptions) -> Literal["physical", "ring", "lines"]:
+    """How a gather or reduction over a group of ``members`` devices runs (module docstring,
+    *Device order*), for :func:`all_gather_phases`:
+
+    - ``"physical"``: per-axis rings in physical order where the group's chips are regular
+      (its order does not matter), else one ring in the group's order;
+    - ``"ring"``: one bidirectional ring in the group's order, each hop routed;
+    - ``"lines"``: rings along the group's order factor by factor where that order is a grid
+      of physical lines (:func:`order_grid`), else one ring in the group's order.
+
+    It depends on the kind and the group's size only, so all groups of a collective run
+    alike. Example (``order="compiler"``): an all-reduce over 8 devices of ``v5e:4x4`` is a
+    ``"ring"``, over all 16 ``"physical"`` (libtpu's ND strategy), an all-gather always
+    ``"physical"``.
+    """
+    if options.order == "physical" or kind in ("all-to-all", "collective-permute"):
+        return "physical"
+    if options.order == "logical":
+        return "lines"
+    if kind == "all-gather":  # the emitter maps the order onto its own ring
+        return "physical"
+    return "ring" if members <= RING_IN_ORDER_MAX_MEMBERS else "physical"
+
+
+def order_grid(chips: np.ndarray, topology: Topology) -> np.ndarray | None:
+    """The member chips of one group, in group order, as a row-major grid ``[n_1, ..., n_k]``
+    whose every grid axis steps along one physical axis (or stays on one chip: its devices),
+    each physical axis used by one grid axis; the finest such grid, or ``None`` where the
+    order is none (a snake, a ring of a block, a scattered order).
+
+    Example on ``v5e:4x4``: chips at (0,0) (1,0) (0,1) (1,1) in that order are the grid
+    ``[[(0,0), (1,0)], [(0,1), (1,1)]]`` (y outer, x inner); in the order (0,0) (1,0) (1,1)
+    (0,1), a ring of the block, they are none.
+    """
+    chips = np.asarray(chips)
+    coords = topology.chip_coords[chips]
+    best = None
+    for shape in _ordered_factorizations(len(chips), topology.ndim + 1):
+        grid = coords.reshape(*shape, topology.ndim)
+        used: set[int] = set()
+        for dim in range(len(shape)):
+            step = np.diff(grid, axis=dim) != 0  # [..., ndim]: which coordinates change
+            moving = np.nonzero(step.reshape(-1, topology.ndim).any(axis=0))[0]
+            axis = int(moving[0]) if len(moving) == 1 else -1 if not len(moving) else None
+            if axis is None or axis in used or (axis >= 0 and not step[..., axis].all()):
+                break
+            used.add(axis)
+        else:
+            if best is None or len(shape) > len(best):
+                best = shape
+    return None if best is None else chips.reshape(best)
+
+
+def _ordered_factorizations(n: int, most: int) -> list[tuple[int, ...]]:
+    """Every way to write ``n`` as an ordered product of at most ``most`` factors > 1
+    (``(1,)`` for 1)."""
+    if n == 1:
+        return [(1,)]
+    out = [(n,)]
+    if most > 1:
+        out += [(a, *rest) for a in range(2, n) if n % a == 0
+                for rest in _ordered_factorizations(n // a, most - 1)]
+    return out
+
+
 def all_gather_phases(chips: np.ndarray, shard: float, topology: Topology,
-                      options: ModelOptions) -> list[Flows]:
-    """Phases of an all-gather of ``shard`` bytes per member over member chips ``chips``."""
-    unique, per_chip, positions, regular = group_layout(chips, topology)
-    if not regular:
-        return [ring_flows(chips, shard)]
+                      options: ModelOptions, kind: str = "all-gather") -> list[Flows]:
+    """Phases of an all-gather of ``shard`` bytes per member over member chips ``chips`` (in
+    group order); ``kind`` names the collective it is part of (:func:`order_algorithm`)."""
+    how = order_algorithm(kind, len(chips), topology, options)
+    if how == "lines":
+        grid = order_grid(chips, topology)
+        if grid is not None:
+            return grid_phases(grid, shard, options)
+    elif how == "physical" and group_layout(chips, topology)[3]:
+        return physical_phases(chips, shard, topology, options)
+    return [ring_flows(chips, shard)]
+
+
+def physical_phases(chips: np.ndarray, shard: float, topology: Topology,
+                    options: ModelOptions) -> list[Flows]:
+    """Per-axis phases of an all-gather over a *regular* group's chips (module docstring),
+    whatever their order: rings along each physical axis in physical order, then the
+    intra-chip phase where a chip holds several members."""
+    unique, per_chip, positions, _ = group_layout(chips, topology)
     spanned = [a for a in range(topology.ndim) if len(positions[a]) > 1]
     orders = (list(itertools.permutations(spanned)) if options.multi_axis == "concurrent"
               else [tuple(spanned)])
@@ -463,6 +598,23 @@ def all_gather_phases(chips: np.ndarray, shard: float, topology: Topology,
     if per_chip[0] > 1:  # the intra-chip phase (module docstring)
         within = (per_chip[0] - 1) * shard * len(chips)
         phases.append((unique, unique, np.full(len(unique), within)))
+    return phases
+
+
+def grid_phases(grid: np.ndarray, shard: float, options: ModelOptions) -> list[Flows]:
+    """Per-axis phases over an :func:`order_grid`: along one grid axis at a time, every line
+    runs a bidirectional ring in group order (a line on one chip moves between its devices);
+    ``multi_axis`` orders the axes as for regular groups."""
+    dims = [d for d in range(grid.ndim) if grid.shape[d] > 1]
+    orders = (list(itertools.permutations(dims)) if options.multi_axis == "concurrent"
+              else [tuple(dims)])
+    data = shard / len(orders)
+    phases: list[Flows] = []
+    for step in range(len(dims)):
+        flows = [ring_flows(np.moveaxis(grid, order[step], -1).reshape(-1, grid.shape[order[step]]),
+                            data * math.prod(grid.shape[d] for d in order[:step]))
+                 for order in orders]
+        phases.append(tuple(np.concatenate([f[i] for f in flows]) for i in range(3)))
     return phases
 
 

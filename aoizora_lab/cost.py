@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from aoizora_lab.comm_model import estimate
+from aoizora_lab.comm_model import ModelOptions, estimate
 from aoizora_lab.errors import AoizoraError
 from aoizora_lab.hardware import ChipSpec, device_spec
 from aoizora_lab.topology import Topology
@@ -235,14 +235,15 @@ Priced = tuple[tuple["OverlapGroup", ...], list[float], list[float], tuple["Comm
 
 
 def _priced(program: CommProgram, topology: Topology, placement: Any, chip: ChipSpec,
-            compute_model: str | None) -> Priced:
+            compute_model: str | None, options: ModelOptions | None) -> Priced:
     """Overlap groups, per collective its time alone per run and its exposed time per step,
     and the ICI estimates; kept on disk (a warm plan prices its baselines and placement gains
     again, ~0.1 s each on 16 chips)."""
     order = None if placement is None else tuple(int(i) for i in np.asarray(placement).ravel())
+    options = options or ModelOptions()
     return memoized("priced", (fingerprint(program), topology.cache_key, order, chip,
-                               compute_model),
-                    lambda: _price(program, topology, placement, chip, compute_model),
+                               compute_model, options),
+                    lambda: _price(program, topology, placement, chip, compute_model, options),
                     sources=PRICING_SOURCES)
 
 
@@ -251,8 +252,8 @@ PRICING_SOURCES = ("cost.py", "comm_model.py", "topology.py", "hardware.py", "hl
 
 
 def _price(program: CommProgram, topology: Topology, placement: Any, chip: ChipSpec,
-           compute_model: str | None) -> Priced:
-    parts = estimate(program.collectives, topology, placement, chip=chip).parts \
+           compute_model: str | None, options: ModelOptions) -> Priced:
+    parts = estimate(program.collectives, topology, placement, chip=chip, options=options).parts \
         if program.collectives else ()
     alone = [max(p.seconds / c.count, hbm_seconds(c, chip)) if c.count else 0.0
              for c, p in zip(program.collectives, parts, strict=True)]
@@ -280,28 +281,30 @@ def _price(program: CommProgram, topology: Topology, placement: Any, chip: ChipS
 
 
 def predict(program: CommProgram, topology: Topology, placement: Any, *,
-            chip: ChipSpec | None = None, compute_model: str | None = None) -> Predicted:
+            chip: ChipSpec | None = None, compute_model: str | None = None,
+            options: ModelOptions | None = None) -> Predicted:
     """Step latency of a compiled ``program`` on ``placement`` (a
     :class:`~aoizora_lab.placement.Placement` or a device order), overlap read from its
-    schedule (module docstring)."""
+    schedule (module docstring); ``options`` are the ICI model's
+    (:class:`~aoizora_lab.comm_model.ModelOptions`, its defaults when ``None``)."""
     chip = device_spec(topology, chip)
     compute = compute_seconds(program, chip, compute_model)
-    _, alone, exposed, _ = _priced(program, topology, placement, chip, compute_model)
+    _, alone, exposed, _ = _priced(program, topology, placement, chip, compute_model, options)
     comm = sum(t * c.count for t, c in zip(alone, program.collectives, strict=True))
     return Predicted(compute, comm, compute + sum(exposed))
 
 
 def comm_seconds(collectives: Sequence[Any], topology: Topology, placement: Any = None, *,
-                 chip: ChipSpec | None = None) -> float:
+                 chip: ChipSpec | None = None, options: ModelOptions | None = None) -> float:
     """ICI time of ``collectives`` run one after the other on ``placement`` (0 for none)."""
     if not collectives:
         return 0.0
-    return estimate(list(collectives), topology, placement, chip=chip).seconds
+    return estimate(list(collectives), topology, placement, chip=chip, options=options).seconds
 
 
 def breakdown(program: CommProgram, topology: Topology, placement: Any, *,
-              chip: ChipSpec | None = None, compute_model: str | None = None
-              ) -> pd.DataFrame:
+              chip: ChipSpec | None = None, compute_model: str | None = None,
+              options: ModelOptions | None = None) -> pd.DataFrame:
     """Per collective of ``program`` on ``placement``: kind, runs, group size, seconds (alone,
     all runs), how much of it the schedule hides behind compute and how much is exposed,
     whether the compiler made it asynchronous, the collectives in flight with it, busiest link
@@ -309,7 +312,8 @@ def breakdown(program: CommProgram, topology: Topology, placement: Any, *,
     import pandas as pd
 
     chip = device_spec(topology, chip)
-    groups, alone, exposed, parts = _priced(program, topology, placement, chip, compute_model)
+    groups, alone, exposed, parts = _priced(program, topology, placement, chip, compute_model,
+                                            options)
     group_of = {i: g for g in groups for i in g.members}
     rows = []
     for i, (c, p) in enumerate(zip(program.collectives, parts, strict=True)):

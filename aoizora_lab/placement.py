@@ -56,12 +56,15 @@ from aoizora_lab.candidates import Candidate
 from aoizora_lab.comm_model import (
     Collective,
     ModelOptions,
-    all_gather_phases,
     direct_flows,
     estimate,
     gathered_shard,
+    grid_phases,
     group_layout,
     intra_chip_slots,
+    order_algorithm,
+    order_grid,
+    physical_phases,
     ring_flow_bytes,
     ring_flows,
     route_matrix,
@@ -385,6 +388,10 @@ class PlacementScorer:
                               for c in items]
         self.structures = [(kind, np.array(groups, dtype=np.int64))
                            for kind, groups in structures]
+        # How each structure's groups run (comm_model.order_algorithm): "physical" groups are
+        # priced by chip set, "lines" by their order, "ring" ones as rings in member order.
+        self._how = [order_algorithm(kind, len(groups[0]), topology, self.options)
+                     for kind, groups in structures]
         self._hbm_s = np.array([hbm_seconds(c, self.chip) for c in items])
         self._bytes = np.array([float(c.bytes) for c in items])
         self._structure_index = np.array(self._structure_of, dtype=np.int64)
@@ -421,9 +428,12 @@ class PlacementScorer:
         self._num_links = routes.shape[1]
         # A group's chip set keyed by the wrapping sum of random 64-bit numbers of its chips
         # (a multiset hash: order-free, any slice size, collisions ~2^-64 per pair).
-        self._chip_key = np.random.default_rng(0).integers(
-            0, np.iinfo(np.int64).max, size=topology.num_chips, dtype=np.int64
-        ).astype(np.uint64)
+        keys = np.random.default_rng(0).integers(
+            0, np.iinfo(np.int64).max, size=topology.num_chips + topology.num_devices,
+            dtype=np.int64).astype(np.uint64)
+        self._chip_key = keys[:topology.num_chips]
+        # An ordered group ("lines") is keyed by the wrapping sum of chip key x position key.
+        self._position_key = keys[topology.num_chips:] | np.uint64(1)
         chips = np.arange(topology.num_chips)
         self._distances = topology.chip_distances(chips, chips)
         # Hops of each per-axis offset, laid out as a circular correlation of grids padded to
@@ -501,15 +511,15 @@ class PlacementScorer:
         bases = orders[np.unique(which, return_index=True)[1]]  # base m: first row m
         base_terms = self._base_terms(bases)
         parts, changes = [], []  # changes: (structure, groups whose flows change)
-        for index, (kind, groups) in enumerate(self.structures):
+        for index, (_, groups) in enumerate(self.structures):
             base_loads, base_hops, base_picks = base_terms[index]
             picks = None if base_picks is None else base_picks[which]
             touched, both = self._touched_groups(index, first, second)  # [K, T], -1: none
             unused = touched < 0
             slots = np.where(unused, 0, touched)
             # A group holding both swapped positions keeps its chip set, so its longest hop
-            # and, laid out regularly, its phases: only its members' order can matter.
-            if picks is not None:
+            # and, laid out regularly and priced by set, its phases.
+            if picks is not None and self._how[index] == "physical":
                 unused |= both & (picks[rows[:, None], slots] >= 0)
             if unused.all():
                 parts.append((base_loads[which], base_hops[which], picks))
@@ -519,7 +529,7 @@ class PlacementScorer:
             old = self._chip_of[orders[row[:, None], groups[group]]]  # [N, S]
             new = self._chip_of[trials[row[:, None], groups[group]]]
             table, change, new_picks = self._unit_phase_delta(
-                kind, old, new, row, None if picks is None else picks[row, group])
+                index, old, new, row, None if picks is None else picks[row, group])
             if picks is not None:
                 picks[row, group] = new_picks
             if change is not None:
@@ -607,9 +617,9 @@ class PlacementScorer:
         hop count ``[B, groups]`` and (gathers, reductions) each group's row in the phase
         tables ``[B, groups]`` on every order of ``batch``."""
         terms = []
-        for kind, groups in self.structures:
+        for index, (_, groups) in enumerate(self.structures):
             chips = self._chip_of[batch[:, groups]]  # [B, G, S]
-            loads, picks = self._unit_phase_loads(kind, chips)
+            loads, picks = self._unit_phase_loads(index, chips)
             terms.append((loads, self._group_hops(chips), picks))
         return terms
 
@@ -749,14 +759,15 @@ class PlacementScorer:
                                                    src.shape), rows, *self._routes)
         return out
 
-    def _unit_phase_loads(self, kind: str, chips: np.ndarray
+    def _unit_phase_loads(self, index: int, chips: np.ndarray
                           ) -> tuple[np.ndarray, np.ndarray | None]:
-        """Per-phase link loads ``[B, phases, links]`` of one byte of ``kind`` on ``chips``,
-        and for gathers and reductions each group's table row (:data:`Terms`).
+        """Per-phase link loads ``[B, phases, links]`` of one byte of structure ``index`` on
+        ``chips``, and for gathers and reductions each group's table row (:data:`Terms`).
 
         The groups of a collective run their phases together: phase *k* adds every group's
         *k*-th phase, exactly as :func:`~aoizora_lab.estimate` merges them.
         """
+        kind = self.structures[index][0]
         batch, num_groups, members = chips.shape
         if kind in ("collective-permute", "all-to-all"):
             flows = direct_flows(kind, chips, 1.0)
@@ -764,9 +775,10 @@ class PlacementScorer:
             return self._link_loads(flows, rows, batch)[:, None, :], None
         repeats = 2 if kind == "all-reduce" else 1
         shard = gathered_shard(kind, 1.0, members)
-        # Regular groups: phases depend only on the chip set; each row adds the table rows
-        # of its groups (the table's last row, zeros, for irregular ones).
-        picks = self._set_table_rows(chips.reshape(-1, members)).reshape(batch, num_groups)
+        # Groups in the tables (regular sets, or orders that are grids of lines): each row
+        # adds the table rows of its groups (the table's last row, zeros, for the others).
+        picks = self._set_table_rows(chips.reshape(-1, members), self._how[index]
+                                     ).reshape(batch, num_groups)
         table = self._tables[repeats - 1]
         irregular = picks < 0
         rows_of = np.where(irregular, self._table_rows, picks)
@@ -774,7 +786,7 @@ class PlacementScorer:
         for group in range(1, num_groups):
             loads += table[rows_of[:, group]] * shard
         if irregular.any():
-            # Irregular groups: one ring in member order, whose cost depends on that order.
+            # The others: one ring in member order, whose cost depends on that order.
             src, dst, size = ring_flows(chips.reshape(-1, members), shard)
             keep = np.repeat(irregular.ravel(), 2 * members)
             rows = np.repeat(np.arange(batch), num_groups * 2 * members)[keep]
@@ -782,7 +794,7 @@ class PlacementScorer:
             loads[:, :repeats] += ring[:, None, :]
         return loads, picks
 
-    def _unit_phase_delta(self, kind: str, old: np.ndarray, new: np.ndarray, row: np.ndarray,
+    def _unit_phase_delta(self, index: int, old: np.ndarray, new: np.ndarray, row: np.ndarray,
                           old_picks: np.ndarray | None
                           ) -> tuple[tuple[np.ndarray, np.ndarray] | None, Changes | None,
                                      np.ndarray | None]:
@@ -798,6 +810,7 @@ class PlacementScorer:
         ends differ: a swap re-routes the flows of its two moved members, not their whole
         groups.
         """
+        kind = self.structures[index][0]
         members = old.shape[1]
         if kind in ("collective-permute", "all-to-all"):
             layout = PERMUTE if kind == "collective-permute" else ALL_TO_ALL
@@ -806,7 +819,7 @@ class PlacementScorer:
         shard = gathered_shard(kind, 1.0, members)
         new_picks = old_picks.copy()
         moved = np.nonzero((old != new).any(axis=1))[0]  # else: the same chips in order
-        new_picks[moved] = self._set_table_rows(new[moved])
+        new_picks[moved] = self._set_table_rows(new[moved], self._how[index])
         table = self._tables[1 if kind == "all-reduce" else 0]
         differ = np.nonzero(new_picks != old_picks)[0]
         phases = None
@@ -823,14 +836,18 @@ class PlacementScorer:
         return phases, (RING, old[some], new[some], weights[0][some], weights[1][some],
                         row[some]), new_picks
 
-    def _set_table_rows(self, groups: np.ndarray) -> np.ndarray:
-        """Each group's row in the phase tables (``groups`` ``[N, members]`` of chips), -1
-        for an irregular chip set; a set seen for the first time is worked out once."""
-        if groups.shape[1] == 2:
+    def _set_table_rows(self, groups: np.ndarray, how: str) -> np.ndarray:
+        """Each group's row in the phase tables (``groups`` ``[N, members]`` of chips, in
+        group order), -1 for a group priced as a ring in member order; a chip set (``how``
+        ``"physical"``) or order (``"lines"``) seen for the first time is worked out once."""
+        if groups.shape[1] == 2 or how == "ring":
             # A pair's ring in member order is the same four flows as its regular layout (and
             # its intra-chip phase): no table needed, and pairs are the most numerous sets.
             return np.full(len(groups), -1, dtype=np.int64)
-        keys = self._chip_key[groups].sum(axis=1)  # wraps: a hash of the multiset
+        if how == "lines":  # a hash of the sequence
+            keys = (self._chip_key[groups] * self._position_key[:groups.shape[1]]).sum(axis=1)
+        else:
+            keys = self._chip_key[groups].sum(axis=1)  # wraps: a hash of the multiset
         distinct, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
         rows = np.full(len(distinct), -1, dtype=np.int64)
         maybe = np.arange(len(distinct))
@@ -841,16 +858,23 @@ class PlacementScorer:
             key = int(distinct[index])
             row = self._set_rows.get(key)
             if row is None:
-                row = self._set_rows[key] = self._add_set(np.sort(groups[first[index]]))
+                row = self._set_rows[key] = self._add_set(groups[first[index]], how)
             rows[index] = row
         return rows[inverse.ravel()]
 
-    def _add_set(self, sorted_chips: np.ndarray) -> int:
-        """Work out a new chip set: its table row when regular (per-axis rings whatever the
-        members' order), else -1."""
-        if not group_layout(sorted_chips, self.topology)[3]:
-            return -1
-        phases = all_gather_phases(sorted_chips, 1.0, self.topology, self.options)
+    def _add_set(self, chips: np.ndarray, how: str) -> int:
+        """Work out a new chip set (``how`` ``"physical"``: per-axis rings whatever the
+        members' order) or order (``"lines"``: rings along it, :func:`~aoizora_lab.
+        comm_model.order_grid`): its table row, or -1 where it is a ring in member order."""
+        if how == "lines":
+            grid = order_grid(chips, self.topology)
+            if grid is None:
+                return -1
+            phases = grid_phases(grid, 1.0, self.options)
+        else:
+            if not group_layout(chips, self.topology)[3]:
+                return -1
+            phases = physical_phases(np.sort(chips), 1.0, self.topology, self.options)
         entry = np.stack([self._link_loads(flows, np.zeros(len(flows[0]), dtype=np.int64), 1)[0]
                           for flows in phases]) if phases else np.zeros((0, self._num_links))
         single, double = self._tables
@@ -1087,36 +1111,44 @@ TOP_PLACEMENTS = 3
 
 def rank_placements(program: CommProgram, candidate: Candidate, topology: Topology, *,
                     budget: int = 20_000, top: int = TOP_PLACEMENTS,
-                    flags: CompilerFlags = DEFAULT_FLAGS) -> Ranking:
+                    flags: CompilerFlags = DEFAULT_FLAGS,
+                    options: ModelOptions | None = None) -> Ranking:
     """Search ``candidate``'s placements for its compiled ``program`` and price the ``top``
     ones that leave the least communication exposed, fastest first: the one way the planner
-    and the benchmarks rank a compiled program's placements."""
+    and the benchmarks rank a compiled program's placements (``options``: the ICI model's)."""
+    options = options or ModelOptions()
+
     def search() -> Ranking:
         found = search_placements(program, candidate.mesh_shape, topology, budget=budget,
                                   axis_names=candidate.axis_names,
                                   extra=library_orders(candidate.mesh_shape,
-                                                       candidate.axis_names, topology))
+                                                       candidate.axis_names, topology),
+                                  options=options)
         return Ranking(RankedPlacement(candidate, s.placement,
-                                       predict(program, topology, s.placement), s.source, flags)
+                                       predict(program, topology, s.placement,
+                                               options=options), s.source, flags)
                        for s in found[:top]).ranked()
 
     # Deterministic (seeded search), so a warm plan reads it back: ~2 s per 14B program.
-    return memoized("placement", _ranking_key(program, candidate, topology, budget, top, flags),
+    return memoized("placement", _ranking_key(program, candidate, topology, budget, top, flags,
+                                              options),
                     search, sources=RANKING_SOURCES)
 
 
 def is_ranked(program: CommProgram, candidate: Candidate, topology: Topology, *,
               budget: int = 20_000, top: int = TOP_PLACEMENTS,
-              flags: CompilerFlags = DEFAULT_FLAGS) -> bool:
+              flags: CompilerFlags = DEFAULT_FLAGS, options: ModelOptions | None = None
+              ) -> bool:
     """Whether :func:`rank_placements` with these arguments reads a stored ranking."""
     return is_memoized("placement", _ranking_key(program, candidate, topology, budget, top,
-                                                 flags), sources=RANKING_SOURCES)
+                                                 flags, options or ModelOptions()),
+                       sources=RANKING_SOURCES)
 
 
 def _ranking_key(program: CommProgram, candidate: Candidate, topology: Topology, budget: int,
-                 top: int, flags: CompilerFlags) -> tuple[Any, ...]:
+                 top: int, flags: CompilerFlags, options: ModelOptions) -> tuple[Any, ...]:
     return (fingerprint(program), candidate, topology.cache_key, device_spec(topology), budget,
-            top, flags)
+            top, flags, options)
 
 
 RANKING_SOURCES = ("placement.py", "flow_kernels.py", "comm_model.py", "cost.py", "topology.py",

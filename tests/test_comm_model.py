@@ -238,3 +238,96 @@ def test_compare_placements_reports_each_placement():
     assert (table["slowest / fastest"] >= 1).all()
     # Reversing the device order is a point reflection of the slice: same times.
     np.testing.assert_allclose(table["compact us"], table["reversed us"])
+
+
+# ----------------------------------------------------------------------------- device order
+
+
+def _device_at(topo):
+    """Physical device index of each chip coordinate (one device per chip)."""
+    return {tuple(int(v) for v in c): i for i, c in enumerate(topo.coords)}
+
+
+def _ring_of_2xn(n):
+    """A Hamiltonian ring of a 2 x n block: down column 0, back up column 1."""
+    return [(0, y) for y in range(n)] + [(1, y) for y in reversed(range(n))]
+
+
+@pytest.mark.parametrize("kind", ["all-gather", "reduce-scatter", "all-reduce"])
+@pytest.mark.parametrize(("shape", "mesh", "axes", "style"), [
+    ((4, 4), (4, 4), [1], "row-major"), ((4, 4), (4, 4), [0], "row-major"),
+    ((8, 8), (4, 16), [1], "row-major"), ((4, 4), (16,), [0], "row-major"),
+    ((2, 2, 4), (4, 4), [1], "row-major"), ((4, 4), (4, 4), [1], "reversed lines")])
+def test_orders_along_the_physical_lines_cost_what_the_per_axis_rings_cost(
+        kind, shape, mesh, axes, style):
+    # "logical" runs along the group's order; where that order follows the physical lines
+    # (each mesh axis on one physical axis, in or against physical order) it is the
+    # per-axis algorithm of "physical" link for link.
+    topo = az.Topology.simulated(shape, generation="v5p" if len(shape) == 3 else "v5e")
+    coords = [tuple(int(v) for v in c) for c in topo.chip_coords]
+    order = sorted(range(topo.num_devices), key=lambda i: coords[topo.device_chip[i]][::-1])
+    if style == "reversed lines":
+        order = np.array(order).reshape(mesh)[:, ::-1].ravel().tolist()
+    collective = az.Collective(kind, az.mesh_axis_groups(mesh, axes), 8 * MB)
+    logical = az.estimate(collective, topo, order, options=az.ModelOptions(order="logical"))
+    physical = az.estimate(collective, topo, order, options=az.ModelOptions(order="physical"))
+    assert logical.seconds == pytest.approx(physical.seconds, rel=1e-12)
+    np.testing.assert_allclose(logical.link_bytes, physical.link_bytes, rtol=1e-12)
+
+
+def test_an_all_reduce_runs_along_its_group_order_under_the_compiler_model():
+    # v6e:2x4, 64 MB over all 8 chips: in the ring order every hop of the bidirectional ring
+    # is one link, so each link carries (n - 1) / 2 shards per pass each way, two passes; in
+    # coordinate row-major order hops cross two and four links and share them.
+    topo = az.Topology.simulated((2, 4), generation="v6e")
+    at = _device_at(topo)
+    ring = [at[c] for c in _ring_of_2xn(4)]
+    row_major = [at[(x, y)] for y in range(4) for x in range(2)]
+    reduce = az.Collective("all-reduce", [list(range(8))], 64 * MB)
+    compiler = az.ModelOptions(order="compiler")
+    in_ring = az.estimate(reduce, topo, ring, options=compiler)
+    assert in_ring.busiest_link_bytes == pytest.approx(2 * 7 / 2 * 64 * MB / 8)
+    used = in_ring.link_bytes[in_ring.link_bytes > 0]
+    assert len(used) == 2 * 8 and np.allclose(used, in_ring.busiest_link_bytes)  # 8 hops
+    chained = az.estimate(reduce, topo, row_major, options=compiler)
+    assert chained.busiest_link_bytes > 1.5 * in_ring.busiest_link_bytes
+    # The all-gather's emitter maps any order onto its own ring: the order does not matter.
+    gather = az.Collective("all-gather", [list(range(8))], 64 * MB)
+    assert az.estimate(gather, topo, ring, options=compiler).seconds == pytest.approx(
+        az.estimate(gather, topo, row_major, options=compiler).seconds)
+    # Without the order (the model before it), both cost the same.
+    physical = az.ModelOptions(order="physical")
+    assert az.estimate(reduce, topo, ring, options=physical).seconds == pytest.approx(
+        az.estimate(reduce, topo, row_major, options=physical).seconds)
+
+
+def test_groups_larger_than_the_ring_limit_do_not_follow_their_order():
+    topo = az.Topology.simulated((4, 4), generation="v5e")
+    rng = np.random.default_rng(5)
+    reduce = az.Collective("all-reduce", [list(range(16))], 32 * MB)
+    times = {az.estimate(reduce, topo, rng.permutation(16)).seconds for _ in range(5)}
+    assert len({round(t, 15) for t in times}) == 1
+    assert az.comm_model.order_algorithm("all-reduce", 16, topo, az.ModelOptions()) == \
+        "physical"
+    limit = az.comm_model.RING_IN_ORDER_MAX_MEMBERS
+    assert az.comm_model.order_algorithm("all-reduce", limit, topo, az.ModelOptions()) == "ring"
+
+
+def test_order_grid_finds_lines_and_refuses_rings_and_snakes():
+    topo = az.Topology.simulated((4, 4), generation="v5e")
+    index = {tuple(int(v) for v in c): i for i, c in enumerate(topo.chip_coords)}
+
+    def grid(points):
+        found = az.comm_model.order_grid(np.array([index[p] for p in points]), topo)
+        return None if found is None else found.shape
+
+    assert grid([(0, 0), (1, 0), (0, 1), (1, 1)]) == (2, 2)       # y outer, x inner
+    assert grid([(0, 0), (2, 0), (3, 0), (1, 0)]) == (4,)         # a folded line
+    assert grid([(0, 0), (1, 0), (1, 1), (0, 1)]) is None         # a ring of the block
+    assert grid([(0, 0), (1, 0), (2, 0), (3, 0), (3, 1), (2, 1), (1, 1), (0, 1)]) is None
+    assert grid([(0, 0), (1, 1)]) is None                         # a diagonal step
+
+
+def test_model_options_refuse_an_unknown_order_with_the_choices():
+    with pytest.raises(az.AoizoraError, match="order='ring'.*compiler"):
+        az.ModelOptions(order="ring")

@@ -21,38 +21,46 @@ def _program(mesh):
     return [az.Collective("all-gather", az.mesh_axis_groups(mesh, [1]), 8e6, count=30),
             az.Collective("all-to-all", az.mesh_axis_groups(mesh, [1]), 4e6, count=60),
             az.Collective("all-reduce", az.mesh_axis_groups(mesh, [0]), 1e6, count=5),
-            az.Collective("all-gather", az.mesh_axis_groups(mesh, [1]), 2e6, count=10)]
+            az.Collective("all-gather", az.mesh_axis_groups(mesh, [1]), 2e6, count=10),
+            az.Collective("reduce-scatter", az.mesh_axis_groups(mesh, [1]), 1e6, count=3)]
 
 
+ORDERS = az.comm_model.ORDER_MODELS
+
+
+@pytest.mark.parametrize("order", ORDERS)
 @pytest.mark.parametrize(("shape", "wrap"), [((4, 4), None), ((4, 4), (True, True)),
                                              ((2, 2, 4), None)])
-def test_scorer_is_the_ici_model(shape, wrap):
+def test_scorer_is_the_ici_model(shape, wrap, order):
     topology = az.Topology.simulated(shape, generation="v5p" if len(shape) == 3 else "v5e",
                                      wrap=wrap)
     mesh = (2, topology.num_devices // 2)
     program = _program(mesh)
-    scorer = PlacementScorer(program, topology)
-    assert len(scorer.structures) == 3  # the two all-gathers over the same groups merged
+    options = az.ModelOptions(order=order)
+    scorer = PlacementScorer(program, topology, options=options)
+    assert len(scorer.structures) == 4  # the two all-gathers over the same groups merged
     rng = np.random.default_rng(0)
     orders = [rng.permutation(topology.num_devices) for _ in range(20)]
     orders += [p.order for p in structured_placements(mesh, topology)[:10]]
-    expected = [az.estimate(program, topology, o).seconds for o in orders]
+    expected = [az.estimate(program, topology, o, options=options).seconds for o in orders]
     np.testing.assert_allclose(scorer.scores(orders), expected, rtol=1e-12)
     np.testing.assert_allclose(scorer.scores(orders), expected, rtol=1e-12)  # from the cache
 
 
+@pytest.mark.parametrize("order", ORDERS)
 @pytest.mark.parametrize(("shape", "per_chip"), [((8, 16), 1), ((2, 4), 2)])
-def test_scorer_fallbacks_match_the_ici_model(shape, per_chip):
+def test_scorer_fallbacks_match_the_ici_model(shape, per_chip, order):
     # 128 chips: sparse routes and row-wise chip sets; two devices per chip: chip sets with
     # repeated chips, where regularity needs the members per chip.
     topology = az.Topology.simulated(shape, devices_per_chip=per_chip)
     mesh = (2, topology.num_devices // 2)
     program = _program(mesh)
-    scorer = PlacementScorer(program, topology)
+    options = az.ModelOptions(order=order)
+    scorer = PlacementScorer(program, topology, options=options)
     rng = np.random.default_rng(2)
     orders = [rng.permutation(topology.num_devices) for _ in range(4)]
     orders.append(structured_placements(mesh, topology)[0].order)
-    expected = [az.estimate(program, topology, o).seconds for o in orders]
+    expected = [az.estimate(program, topology, o, options=options).seconds for o in orders]
     np.testing.assert_allclose(scorer.scores(orders), expected, rtol=1e-12)
 
 
@@ -71,13 +79,15 @@ def _shifted_case(shape, wrap, per_chip):
     return topology, mesh, _with_ring_shift(_program(mesh), mesh)
 
 
+@pytest.mark.parametrize("order", ORDERS)
 @pytest.mark.parametrize(("shape", "wrap", "per_chip"), [
     ((4, 4), None, 1), ((4, 4), (True, True), 1), ((2, 2, 4), None, 1), ((2, 4), None, 2),
     ((8, 8), None, 1)])
-def test_swap_scores_are_the_scores_of_the_swapped_orders(shape, wrap, per_chip):
+def test_swap_scores_are_the_scores_of_the_swapped_orders(shape, wrap, per_chip, order):
     topology, mesh, program = _shifted_case(shape, wrap, per_chip)
     n = topology.num_devices
-    scorer = PlacementScorer(program, topology)
+    options = az.ModelOptions(order=order)
+    scorer = PlacementScorer(program, topology, options=options)
     rng = np.random.default_rng(3)
     # Bases: a structured placement (regular groups) and a random one (irregular groups).
     bases = np.array([structured_placements(mesh, topology)[0].order, rng.permutation(n)])
@@ -86,10 +96,11 @@ def test_swap_scores_are_the_scores_of_the_swapped_orders(shape, wrap, per_chip)
     swapped = orders.copy()
     rows = np.arange(len(orders))
     swapped[rows, first], swapped[rows, second] = orders[rows, second], orders[rows, first]
-    expected = [az.estimate(program, topology, o).seconds for o in swapped[:40]]
+    expected = [az.estimate(program, topology, o, options=options).seconds
+                for o in swapped[:40]]
     np.testing.assert_allclose(scorer.swap_scores(orders, first, second)[:40], expected,
                                rtol=1e-9)
-    fresh = PlacementScorer(program, topology)
+    fresh = PlacementScorer(program, topology, options=options)
     np.testing.assert_allclose(scorer.swap_scores(orders, first, second),
                                fresh.scores(swapped), rtol=1e-9)
     # A swapped order as the next base (what the local search does after a move) is priced
