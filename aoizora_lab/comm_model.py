@@ -415,7 +415,7 @@ def _estimate_one(collective: Collective, topology: Topology, device_of: np.ndar
             on_chip.max(initial=0.0) / chip.intra_chip_bandwidth)
         link_bytes += loads
         chip_bytes += on_chip
-    hops = _farthest_hops(collective, group_chips, topology)
+    hops = _farthest_hops(collective, group_chips, topology, options)
     latency_seconds = hops * chip.ici_hop_latency
     count = collective.count
     link_bytes *= count
@@ -431,13 +431,39 @@ def _estimate_one(collective: Collective, topology: Topology, device_of: np.ndar
 
 
 def _farthest_hops(collective: Collective, group_chips: list[np.ndarray],
-                   topology: Topology) -> int:
-    """Largest hop distance between two chips of one group (twice for an all-reduce)."""
+                   topology: Topology, options: ModelOptions) -> int:
+    """How far a byte of the collective travels: the largest hop distance between two chips
+    of one group, or for a group run as a ring in its order (:func:`order_algorithm`) the
+    longest way around it (:func:`ring_hops`); twice for an all-reduce."""
     farthest = 0
-    for chips in group_chips:
-        unique = np.unique(chips)
-        farthest = max(farthest, int(topology.chip_distances(unique, unique).max()))
+    if order_algorithm(collective.kind, len(group_chips[0]), topology, options) == "ring":
+        coords = topology.chip_coords[np.stack(group_chips)]  # [groups, members, ndim]
+        hop_lengths = topology.offset_hops(np.roll(coords, -1, axis=1) - coords)
+        farthest = int(ring_hops(hop_lengths).max())
+    else:
+        for chips in group_chips:
+            unique = np.unique(chips)
+            farthest = max(farthest, int(topology.chip_distances(unique, unique).max()))
     return 2 * farthest if collective.kind == "all-reduce" else farthest
+
+
+def ring_hops(hop_lengths: np.ndarray) -> np.ndarray:
+    """The farthest a byte travels on bidirectional rings whose hops take ``hop_lengths``
+    ``[..., S]`` links each (hop *i* from member *i* to *i + 1*, the closing hop last): every
+    byte goes ``S // 2`` hops one way, so the longest run of that many consecutive hops.
+
+    Example: a ring of 4 over a line without wraparound in physical order has hops (1, 1, 1,
+    3): a byte goes at most 2 hops, the longest pair 1 + 3 = 4 links.
+    """
+    hop_lengths = np.asarray(hop_lengths)
+    size = hop_lengths.shape[-1]
+    run = size // 2
+    if run == 0:
+        return np.zeros(hop_lengths.shape[:-1], dtype=hop_lengths.dtype)
+    around = np.cumsum(np.concatenate([hop_lengths, hop_lengths[..., :run]], axis=-1),
+                       axis=-1)
+    before = np.concatenate([np.zeros_like(around[..., :1]), around[..., :size - 1]], axis=-1)
+    return (around[..., run - 1:run - 1 + size] - before).max(axis=-1)
 
 
 def _phases(collective: Collective, group_chips: list[np.ndarray], topology: Topology,

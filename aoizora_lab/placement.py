@@ -67,6 +67,7 @@ from aoizora_lab.comm_model import (
     physical_phases,
     ring_flow_bytes,
     ring_flows,
+    ring_hops,
     route_matrix,
 )
 from aoizora_lab.compile import DEFAULT_FLAGS, CompilerFlags
@@ -540,9 +541,12 @@ class PlacementScorer:
             if table is not None:  # rows may repeat (two groups of one swap)
                 np.add.at(loads, (table[0], slice(0, table[1].shape[1])), table[1])
             hops = base_hops[which]
-            moved_set = ~both[row, slot]
-            hops[row[moved_set], group[moved_set]] = self._moved_hops(
-                old[moved_set], new[moved_set], hops[row[moved_set], group[moved_set]])
+            if self._how[index] == "ring":  # the way around changes with the order
+                hops[row, group] = self._ring_hops(new)
+            else:
+                moved_set = ~both[row, slot]
+                hops[row[moved_set], group[moved_set]] = self._moved_hops(
+                    old[moved_set], new[moved_set], hops[row[moved_set], group[moved_set]])
             parts.append((loads, hops, picks))
         for index, (layout, before, after, weight_before, weight_after, row) in changes:
             moved = np.zeros((len(orders), self._num_links))  # contiguous: the loop's fastest
@@ -620,7 +624,9 @@ class PlacementScorer:
         for index, (_, groups) in enumerate(self.structures):
             chips = self._chip_of[batch[:, groups]]  # [B, G, S]
             loads, picks = self._unit_phase_loads(index, chips)
-            terms.append((loads, self._group_hops(chips), picks))
+            hops = (self._ring_hops(chips) if self._how[index] == "ring"
+                    else self._group_hops(chips))
+            terms.append((loads, hops, picks))
         return terms
 
     def _base_terms(self, bases: np.ndarray) -> list[Terms]:
@@ -670,6 +676,11 @@ class PlacementScorer:
         b = np.where(shared.any(axis=2), -1, b)
         both = np.concatenate([shared.any(axis=1), np.zeros(b.shape, dtype=bool)], axis=1)
         return np.concatenate([a, b], axis=1), both
+
+    def _ring_hops(self, chips: np.ndarray) -> np.ndarray:
+        """How far a byte travels around each group of ``chips`` ``[..., S]`` run as a ring
+        in member order (:func:`~aoizora_lab.comm_model.ring_hops`)."""
+        return ring_hops(self._distances[chips, np.roll(chips, -1, axis=-1)])
 
     def _group_hops(self, chips: np.ndarray) -> np.ndarray:
         """Longest chip-to-chip distance within each group ``[B, G]`` of ``chips``

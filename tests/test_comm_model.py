@@ -289,6 +289,9 @@ def test_an_all_reduce_runs_along_its_group_order_under_the_compiler_model():
     assert in_ring.busiest_link_bytes == pytest.approx(2 * 7 / 2 * 64 * MB / 8)
     used = in_ring.link_bytes[in_ring.link_bytes > 0]
     assert len(used) == 2 * 8 and np.allclose(used, in_ring.busiest_link_bytes)  # 8 hops
+    # A byte goes halfway round, 4 one-link hops, in each of the two passes.
+    hop = az.chip_spec("v6e").ici_hop_latency
+    assert in_ring.latency_seconds == pytest.approx(2 * 4 * hop)
     chained = az.estimate(reduce, topo, row_major, options=compiler)
     assert chained.busiest_link_bytes > 1.5 * in_ring.busiest_link_bytes
     # The all-gather's emitter maps any order onto its own ring: the order does not matter.
