@@ -310,8 +310,13 @@ def _line_orders(arranged: np.ndarray, runs: list[tuple[int, int]]
     """``arranged`` (one array axis per physical factor) in every combination of per-axis
     orders: plain; ``snake`` for a logical axis over two or more factors (the minor factor
     reversed on every other major index, so logical neighbours stay physical neighbours);
+    ``ring`` for a logical axis over two factors whose major one is longer than 2 (a
+    Hamiltonian ring of the block, :func:`block_ring`: its closing hop is one link too, where
+    a snake's crosses the block; with a major factor of 2 the snake is that ring);
     ``folded`` for a logical axis on one factor of 4 or more (0, 2, 4, ..., 5, 3, 1: every
     ring hop, the closing one included, is at most two links on a line without wraparound).
+    Rings matter where a collective runs along its group's order (an all-reduce of up to 8
+    devices, :mod:`aoizora_lab.comm_model`).
 
     Example: ``ring`` on ``x:2·y:4`` snake visits (0,0) (0,1) (0,2) (0,3) (1,3) (1,2) ...
     """
@@ -326,12 +331,37 @@ def _line_orders(arranged: np.ndarray, runs: list[tuple[int, int]]
                 odd[stop - 2] = slice(1, None, 2)
                 snake[tuple(odd)] = np.flip(array[tuple(odd)], axis=stop - 1)
                 grown.append((snake, [*styles, "snake"]))
+                major, minor = array.shape[start], array.shape[start + 1]
+                if stop - start == 2 and major > 2 and (major * minor) % 2 == 0:
+                    flat = [a * minor + b for a, b in block_ring(major, minor)]
+                    merged = array.reshape(*array.shape[:start], major * minor,
+                                           *array.shape[stop:])
+                    grown.append((np.take(merged, flat, axis=start).reshape(array.shape),
+                                  [*styles, "ring"]))
             elif stop - start == 1 and array.shape[start] >= 4:
                 n = array.shape[start]
                 fold = np.concatenate([np.arange(0, n, 2), np.arange(n - 1 - n % 2, 0, -2)])
                 grown.append((np.take(array, fold, axis=start), [*styles, "folded"]))
         variants = grown
     return variants
+
+
+def block_ring(major: int, minor: int) -> list[tuple[int, int]]:
+    """A Hamiltonian ring of a ``major`` x ``minor`` block (one of them even, both >= 2):
+    every step, the closing one included, moves one position along one axis.
+
+    Example: ``block_ring(4, 2)`` is (0,0) (0,1) (1,1) (2,1) (3,1) (3,0) (2,0) (1,0): down
+    the first row, a snake through the rest that leaves the first column free, back up it.
+    """
+    if major * minor % 2 or min(major, minor) < 2:
+        raise AoizoraError(f"A {major} x {minor} block has no ring through every position: "
+                           "one side must be even and both at least 2.")
+    if major % 2:
+        return [(a, b) for b, a in block_ring(minor, major)]
+    ring = [(0, b) for b in range(minor)]
+    for a in range(1, major):
+        ring += [(a, b) for b in (range(minor - 1, 0, -1) if a % 2 else range(1, minor))]
+    return ring + [(a, 0) for a in range(major - 1, 0, -1)]
 
 
 def _group_runs(sizes: list[int], mesh_shape: tuple[int, ...]

@@ -168,11 +168,13 @@ def test_longest_distance_of_a_group_by_offsets_is_the_longest_pair(shape, wrap)
         np.testing.assert_array_equal(scorer._moved_hops(sets, moved, longest), expected)
 
 
-def test_snake_and_folded_orders_keep_ring_neighbours_close():
+def test_snake_ring_and_folded_orders_keep_ring_neighbours_close():
     # A logical ring of 8 without wraparound links: on 2x4 a snake closes the ring with one-hop
-    # steps only; on a line of 8 a folded order needs at most two hops per step. Plain orders
-    # always have a longer closing hop.
-    for shape, style, longest in (((2, 4), "snake", 1), ((8,), "folded", 2)):
+    # steps only, on 4x2 a block ring does (its snake crosses the block); on a line of 8 a
+    # folded order needs at most two hops per step. Plain orders always have a longer
+    # closing hop.
+    for shape, style, longest in (((2, 4), "snake", 1), ((4, 2), "ring", 1),
+                                  ((8,), "folded", 2)):
         topology = az.Topology.simulated(shape, wrap=(False,) * len(shape))
         distances = topology.hop_distances()
 
@@ -181,7 +183,8 @@ def test_snake_and_folded_orders_keep_ring_neighbours_close():
 
         placements = structured_placements((8,), topology, ["ring"])
         styled = [p for p in placements if p.description.endswith(style)]
-        plain = [p for p in placements if p.description.endswith(("x:2", "y:4", "x:8"))]
+        plain = [p for p in placements
+                 if p.description.endswith(("x:2", "y:4", "x:8", "x:4", "y:2"))]
         assert styled and plain
         assert min(longest_step(p) for p in styled) == longest
         assert min(longest_step(p) for p in plain) > longest
@@ -234,6 +237,18 @@ def test_local_search_is_seeded_and_deterministic():
     first = search_placements(program, (4, 4), topology, budget=500, seed=3)
     again = search_placements(program, (4, 4), topology, budget=500, seed=3)
     assert [s.placement.order for s in first] == [s.placement.order for s in again]
+
+
+def test_block_rings_step_one_position_at_a_time():
+    from aoizora_lab.placement import block_ring
+
+    for major, minor in [(4, 2), (2, 4), (3, 2), (2, 3), (4, 4), (6, 3), (3, 4)]:
+        ring = block_ring(major, minor)
+        assert sorted(ring) == [(a, b) for a in range(major) for b in range(minor)]
+        steps = zip(ring, ring[1:] + ring[:1], strict=True)
+        assert all(abs(p[0] - q[0]) + abs(p[1] - q[1]) == 1 for p, q in steps)
+    with pytest.raises(az.AoizoraError, match="3 x 3 block"):
+        block_ring(3, 3)
 
 
 def test_placement_value_type():
