@@ -61,8 +61,10 @@ Three models (:func:`order_algorithm`):
 - ``"compiler"`` (default): that reading. All-reduces and reduce-scatters (which compile to
   all-reduce fusions) of groups up to 8 devices run one bidirectional ring in the group's
   order, each hop routed on the torus (a hop between devices of one chip takes the intra-chip
-  path); everything else as ``"physical"``. The published order-only measurements choose it:
-  it is the only model whose predicted collective gain reaches every published step gain.
+  path); everything else as ``"physical"``. Why the default: the published order-only
+  measurements (``reports/benchmarks.md``, "Device order") reject ``"physical"`` (it predicts
+  no gain for two of them) and do not separate ``"compiler"`` from ``"logical"`` (both reach
+  every published gain); the compiler's own labels do.
 - ``"logical"``: every gather and reduction runs along its group's order: where the order is
   a grid of physical lines (:func:`order_grid`; a line in physical order, a block in row-major
   order) per-axis phases with each line's ring in group order, which for lines in physical
@@ -629,18 +631,26 @@ def physical_phases(chips: np.ndarray, shard: float, topology: Topology,
 
 def grid_phases(grid: np.ndarray, shard: float, options: ModelOptions) -> list[Flows]:
     """Per-axis phases over an :func:`order_grid`: along one grid axis at a time, every line
-    runs a bidirectional ring in group order (a line on one chip moves between its devices);
-    ``multi_axis`` orders the axes as for regular groups."""
-    dims = [d for d in range(grid.ndim) if grid.shape[d] > 1]
+    runs a bidirectional ring in group order (``multi_axis`` orders the axes as for regular
+    groups); a grid axis that stays on one chip (its devices) moves its bytes in the
+    intra-chip phase at the end, as :func:`physical_phases` does."""
+    on_chip = [d for d in range(grid.ndim) if grid.shape[d] > 1
+               and not np.diff(grid, axis=d).any()]
+    per_chip = grid.shape[on_chip[0]] if on_chip else 1
+    chips = np.take(grid, 0, axis=on_chip[0]) if on_chip else grid
+    dims = [d for d in range(chips.ndim) if chips.shape[d] > 1]
     orders = (list(itertools.permutations(dims)) if options.multi_axis == "concurrent"
               else [tuple(dims)])
-    data = shard / len(orders)
+    data = shard * per_chip / len(orders)
     phases: list[Flows] = []
     for step in range(len(dims)):
-        flows = [ring_flows(np.moveaxis(grid, order[step], -1).reshape(-1, grid.shape[order[step]]),
-                            data * math.prod(grid.shape[d] for d in order[:step]))
-                 for order in orders]
+        flows = [ring_flows(np.moveaxis(chips, order[step], -1).reshape(
+                     -1, chips.shape[order[step]]),
+                 data * math.prod(chips.shape[d] for d in order[:step])) for order in orders]
         phases.append(tuple(np.concatenate([f[i] for f in flows]) for i in range(3)))
+    if per_chip > 1:
+        unique = np.unique(chips)
+        phases.append((unique, unique, np.full(len(unique), (per_chip - 1) * shard * grid.size)))
     return phases
 
 

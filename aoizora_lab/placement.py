@@ -131,7 +131,9 @@ def plain_order(topology: Topology) -> Placement:
     return Placement(tuple(range(topology.num_devices)), "plain device order")
 
 
-def _order_of(devices: Any, topology: Topology, how: str) -> Placement:
+def order_of(devices: Any, topology: Topology, how: str) -> Placement:
+    """The placement of an array of ``topology``'s devices (a mesh's ``devices``, what a
+    library built), described as ``how``."""
     position = {id(d): i for i, d in enumerate(_devices_of(topology))}
     return Placement(tuple(position[id(d)] for d in np.asarray(devices).ravel()), how)
 
@@ -151,7 +153,7 @@ def make_mesh_order(mesh_shape: Sequence[int], axis_names: Sequence[str],
     import jax
 
     mesh = jax.make_mesh(tuple(mesh_shape), tuple(axis_names), devices=_devices_of(topology))
-    return _order_of(mesh.devices, topology, "jax.make_mesh")
+    return order_of(mesh.devices, topology, "jax.make_mesh")
 
 
 def create_device_mesh_order(mesh_shape: Sequence[int], topology: Topology, *,
@@ -173,7 +175,7 @@ def create_device_mesh_order(mesh_shape: Sequence[int], topology: Topology, *,
                                             allow_split_physical_axes=allow_split)
     how = ("mesh_utils.create_device_mesh(allow_split_physical_axes=True)" if allow_split
            else "mesh_utils.create_device_mesh")
-    return _order_of(ordered, topology, how)
+    return order_of(ordered, topology, how)
 
 
 def library_orders(mesh_shape: Sequence[int], axis_names: Sequence[str],

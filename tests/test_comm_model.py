@@ -257,15 +257,19 @@ def _ring_of_2xn(n):
 @pytest.mark.parametrize(("shape", "mesh", "axes", "style"), [
     ((4, 4), (4, 4), [1], "row-major"), ((4, 4), (4, 4), [0], "row-major"),
     ((8, 8), (4, 16), [1], "row-major"), ((4, 4), (16,), [0], "row-major"),
-    ((2, 2, 4), (4, 4), [1], "row-major"), ((4, 4), (4, 4), [1], "reversed lines")])
+    ((2, 2, 4), (4, 4), [1], "row-major"), ((4, 4), (4, 4), [1], "reversed lines"),
+    ((2, 2, 2), (4, 4), [1], "row-major"), ((2, 2, 2), (8, 2), [0], "row-major")])
 def test_orders_along_the_physical_lines_cost_what_the_per_axis_rings_cost(
         kind, shape, mesh, axes, style):
     # "logical" runs along the group's order; where that order follows the physical lines
-    # (each mesh axis on one physical axis, in or against physical order) it is the
-    # per-axis algorithm of "physical" link for link.
-    topo = az.Topology.simulated(shape, generation="v5p" if len(shape) == 3 else "v5e")
+    # (each mesh axis on one physical axis, in or against physical order, the devices of a
+    # chip innermost) it is the per-axis algorithm of "physical" link for link. (2, 2, 2):
+    # tpu7x, two devices per chip.
+    generation = "tpu7x" if shape == (2, 2, 2) else "v5p" if len(shape) == 3 else "v5e"
+    topo = az.Topology.simulated(shape, generation=generation)
     coords = [tuple(int(v) for v in c) for c in topo.chip_coords]
-    order = sorted(range(topo.num_devices), key=lambda i: coords[topo.device_chip[i]][::-1])
+    order = sorted(range(topo.num_devices),
+                   key=lambda i: (coords[topo.device_chip[i]][::-1], i))
     if style == "reversed lines":
         order = np.array(order).reshape(mesh)[:, ::-1].ravel().tolist()
     collective = az.Collective(kind, az.mesh_axis_groups(mesh, axes), 8 * MB)
@@ -332,5 +336,5 @@ def test_order_grid_finds_lines_and_refuses_rings_and_snakes():
 
 
 def test_model_options_refuse_an_unknown_order_with_the_choices():
-    with pytest.raises(az.AoizoraError, match="order='ring'.*compiler"):
+    with pytest.raises(az.AoizoraError, match=r"order='ring'.*compiler"):
         az.ModelOptions(order="ring")
