@@ -1,6 +1,7 @@
 """The benchmark scripts and the report, on tiny configurations (so they cannot rot)."""
 
 import importlib.util
+import json
 import math
 import sys
 from pathlib import Path
@@ -362,6 +363,19 @@ def test_plan_quality_records_each_case_and_resumes_from_the_records(quality, sl
     other = bench.plan_quality([case], budget=301, records=tmp_path, resume=True)
     assert other.summary.iloc[0]["status"].startswith("error: AssertionError")
     assert len(list(tmp_path.glob("*.json"))) == 1  # a failed case is not recorded
+    # A record knows the ICI model and code that priced it; one priced with another model
+    # is shown with that model's name and planned again by a resumed run.
+    stored = json.loads(record.read_text())
+    assert stored["ici_model"] == bench.quality.ici_model()
+    assert set(stored["code"]) >= {"jax", "libtpu", "program_source"}
+    assert first.summary.iloc[0]["ici_model"] == az.ModelOptions().order
+    del stored["ici_model"]  # as records were written before the model saw device orders
+    record.write_text(json.dumps(stored))
+    old = bench.plan_quality([case], budget=300, records=tmp_path, resume=True,
+                             plan_missing=False)
+    assert old.summary.iloc[0]["ici_model"] == "physical"
+    replanned = bench.plan_quality([case], budget=300, records=tmp_path, resume=True)
+    assert replanned.summary.iloc[0]["status"].startswith("error: AssertionError")
 
 
 @pytest.mark.slow

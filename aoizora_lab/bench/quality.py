@@ -10,6 +10,7 @@ compiled program in other device orders) and how close the plan comes to the com
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 import math
@@ -23,8 +24,10 @@ import pandas as pd
 
 from aoizora_lab.bench.report import case_label, case_row, config_line, markdown_table, met
 from aoizora_lab.cases import Case
+from aoizora_lab.comm_model import ModelOptions
+from aoizora_lab.placement import RANKING_SOURCES
 from aoizora_lab.topology import Topology
-from aoizora_lab.versions import write_atomically
+from aoizora_lab.versions import program_versions, write_atomically
 from aoizora_lab.workload import Workload
 
 DEFAULT_MATRIX: tuple[str, ...] = (
@@ -215,8 +218,8 @@ def plan_quality(cases: Iterable[Case | str] = DEFAULT_MATRIX, *, num_layers: in
     rows: list[dict[str, Any]] = []
     baseline_rows: list[dict[str, Any]] = []
     trial_rows: list[dict[str, Any]] = []
-    columns = ["workload", "slice", "status", "candidate", "flags", "placement", "plan_s",
-               "compute_s", "comm_s", "exposed_s", *[f"{b}_s" for b in SYSTEMS],
+    columns = ["workload", "slice", "status", "ici_model", "candidate", "flags", "placement",
+               "plan_s", "compute_s", "comm_s", "exposed_s", *[f"{b}_s" for b in SYSTEMS],
                "best_system", "vs_best_system", "speedup_target", "plain_order_s",
                "make_mesh_s", "create_device_mesh_s", "placement_gain_vs_plain",
                "placement_gain_vs_make_mesh", "placement_gain_vs_create_device_mesh",
@@ -242,10 +245,12 @@ def plan_quality(cases: Iterable[Case | str] = DEFAULT_MATRIX, *, num_layers: in
         label = case_label(case)
         path = Path(records) / record_name(*label) if records is not None else None
         record = _read_record(path, num_layers, budget) if resume and path else None
+        if record is not None and plan_missing and _recorded_model(record) != ici_model():
+            record = None  # priced with another ICI model: plan it again
         if record is not None:
             if progress:
                 progress("plan quality: {} on {} (recorded {})".format(*label, record["date"]))
-            rows.append(record["row"])
+            rows.append(record["row"] | {"ici_model": _recorded_model(record)["order"]})
             baseline_rows.extend(record["baselines"])
             trial_rows.extend(record["trials"])
             recorded.append(record["date"][:10])
@@ -261,10 +266,27 @@ def plan_quality(cases: Iterable[Case | str] = DEFAULT_MATRIX, *, num_layers: in
                 timeout_s=timeout_s, baseline_rows=baseline_rows, trial_rows=trial_rows)))
             if path is not None and rows[-1].get("status") == "ok":
                 _write_record(path, num_layers=num_layers, budget=budget, row=rows[-1],
-                              baselines=baseline_rows[done[0]:], trials=trial_rows[done[1]:])
+                              baselines=baseline_rows[done[0]:], trials=trial_rows[done[1]:],
+                              ici_model=ici_model(),
+                              code=program_versions(RANKING_SOURCES))
         if on_case:
             on_case(tables())
     return tables()
+
+
+BEFORE_DEVICE_ORDERS = {"routing": "balanced", "multi_axis": "concurrent", "order": "physical"}
+"""The ICI model of a record that does not name one: records were written without it until
+the model saw device orders (``comm_model.ModelOptions.order``)."""
+
+
+def ici_model() -> dict[str, str]:
+    """The ICI model plans are priced with now (:class:`~aoizora_lab.comm_model.ModelOptions`
+    at its defaults), as a record stores it."""
+    return dataclasses.asdict(ModelOptions())
+
+
+def _recorded_model(record: dict[str, Any]) -> dict[str, str]:
+    return record.get("ici_model", BEFORE_DEVICE_ORDERS)
 
 
 def record_name(workload: str, slice_name: str) -> str:
@@ -310,7 +332,8 @@ def _quality_row(workload: Workload, topology: Topology, *, num_layers: int | No
     baseline_rows.extend(where | b for b in result.baselines.to_frame().to_dict("records"))
     trial_rows.extend(where | t for t in result.baselines.trials().to_dict("records"))
     row: dict[str, Any] = {
-        "status": "ok", "candidate": best.candidate.name, "flags": best.flags.label,
+        "status": "ok", "ici_model": ici_model()["order"], "candidate": best.candidate.name,
+        "flags": best.flags.label,
         "placement": best.placement.description, "plan_s": plan_s,
         "compute_s": best.predicted.compute_s, "comm_s": best.predicted.comm_s,
         "exposed_s": best.predicted.exposed_s, "plan_wall_s": wall,
