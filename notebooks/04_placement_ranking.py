@@ -7,7 +7,7 @@
 #       extension: .py
 #       format_name: percent
 #       format_version: '1.3'
-#       jupytext_version: 1.19.6
+#       jupytext_version: 1.19.7
 # ---
 
 # %% [markdown]
@@ -149,6 +149,31 @@ viz.show(viz.torus_heatmap(slice_, link_bytes, collectives_by_link=users,
 plain_bytes = estimate(program, slice_, plain_order(slice_)).link_bytes
 viz.show(viz.heatmap_comparison(slice_, plain_bytes, link_bytes, left_title="plain order",
                                 right_title="winning placement"))
+
+# %% [markdown]
+# ### The order inside a group
+#
+# Placement is also the *order* of the devices inside each collective's group. libtpu runs an
+# all-reduce (and a reduce-scatter) of up to 8 devices as one bidirectional ring from logical
+# device *i* to *i + 1*, each step routed over the links between their chips; larger groups
+# and all-gathers it lays out itself (the compiler's own labels and the published order-only
+# gains are in `reports/benchmarks.md`, "Device order"). So the same chips cost more as a
+# chain whose hops cross the slice than as a ring of one-link hops. Below: the winner's
+# heaviest collective that runs along its order, in plain device order and in the winning
+# placement (or, where it has none, an all-reduce over a block of this slice as a chain and
+# as a ring), one group's hops drawn over the loads: green takes one link, red more; `#i` is
+# a device's position in the group, and each panel names its time and busiest link.
+
+# %%
+ordered = viz.ordered_collective(program, slice_)
+if ordered is not None:
+    viz.show(viz.order_comparison(slice_, ordered, plain_order(slice_), best.placement,
+                                  right_title="winning placement"))
+elif (pair := viz.chain_and_ring(slice_)) is not None:
+    display(Markdown(f"The winner runs no collective along its order here (`{best.candidate.name}`"
+                     "'s gathers and large groups are laid out by the compiler), so the "
+                     "picture shows the effect on a block of this slice:"))
+    viz.show(viz.order_comparison(slice_, *pair))
 
 # %% [markdown]
 # ### Against the best existing system's layout

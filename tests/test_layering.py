@@ -35,15 +35,16 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # on top of the pipeline
     ("measure", "measure.clock", "measure.timing", "measure.microbench",
      "measure.calibration"),
-    ("viz", "viz.units", "viz.display", "viz.loads", "viz.views", "viz.torus", "viz.charts",
-     "viz.explorer", "notebook"),
+    ("viz", "viz.units", "viz.display", "viz.loads", "viz.views", "viz.torus", "viz.order",
+     "viz.charts", "viz.explorer", "notebook"),
     ("bench", "bench.report", "bench.quality", "bench.search", "bench.quick",
-     "bench.throughput", "bench.interactive", "reports", "cli"),
+     "bench.throughput", "bench.interactive", "bench.order", "reports", "cli"),
 )
 """Lowest first. A new module must be placed here (and in docs/architecture.md)."""
 
 OUTSIDE_THE_CORE = ("cli", "bench", "bench.report", "bench.quality", "bench.search",
-                    "bench.quick", "bench.throughput", "bench.interactive", "reports", "notebook")
+                    "bench.quick", "bench.throughput", "bench.interactive", "bench.order",
+                    "reports", "notebook")
 """Front ends: nothing in the pipeline may depend on them."""
 
 

@@ -671,3 +671,30 @@ def test_large_slices_are_drawn_in_blocks_by_default_with_the_whole_scale():
         viz.torus_heatmap(topology, loads, region=((0, 0), (4, 17)))
     comparison = viz.heatmap_comparison(topology, loads, loads * 2)
     assert "blocks of 2x2 chips" in comparison.layout.title.subtitle.text
+
+
+def test_order_comparison_draws_each_hop_and_names_the_busiest_link():
+    # The same 8 chips of a 2x4 slice as a row-major chain and as a ring: an all-reduce runs
+    # along the order, so the chain's hops that cross the block are drawn red, the ring's
+    # eight hops all green, and each panel title carries its time and busiest link.
+    topo = az.Topology.simulated((2, 4), generation="v6e")
+    at = {tuple(int(v) for v in c): i for i, c in enumerate(topo.coords)}
+    chain = Placement(tuple(at[(x, y)] for y in range(4) for x in range(2)), "chain")
+    ring = Placement(tuple(at[c] for c in [(0, y) for y in range(4)]
+                           + [(1, y) for y in reversed(range(4))]), "ring")
+    reduce = az.Collective("all-reduce", [list(range(8))], 64e6, name="tp all-reduce")
+    fig = viz.order_comparison(topo, reduce, chain, ring)
+    hops = [t for t in fig.data if t.meta == "order-hops"]
+    assert len(hops) == 2 * 8  # every hop of both orders, the closing ones included
+    chain_hops, ring_hops = hops[:8], hops[8:]
+    assert all(t.line.color == viz.order.NEAR_HOP and t.text.endswith(": 1 link")
+               for t in ring_hops)
+    far = [t for t in chain_hops if t.line.color == viz.order.FAR_HOP]
+    assert far and all(not t.text.endswith(": 1 link") for t in far)
+    titles = [a.text for a in fig.layout.annotations]
+    for placement in (chain, ring):
+        found = az.estimate(reduce, topo, placement)
+        assert any(t.startswith(placement.description) and str(found.busiest_link) in t
+                   for t in titles)
+    with pytest.raises(az.AoizoraError, match="group=3"):
+        viz.order_comparison(topo, reduce, chain, ring, group=3)

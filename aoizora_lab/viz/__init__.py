@@ -35,12 +35,14 @@ from aoizora_lab.viz.loads import (
     ranking_collective_views,
     ranking_views,
 )
+from aoizora_lab.viz.order import chain_and_ring, order_comparison, ordered_collective
 from aoizora_lab.viz.torus import heatmap_comparison, torus_heatmap
 
 __all__ = [
     "CollectivesByLink",
     "HeatmapExplorer",
     "LinkKey",
+    "chain_and_ring",
     "collective_breakdown",
     "collective_names",
     "collective_views",
@@ -51,6 +53,8 @@ __all__ = [
     "heatmap_explorer_widget",
     "heaviest_collective_views",
     "link_bytes_by_collective",
+    "order_comparison",
+    "ordered_collective",
     "pruning_scatter",
     "ranking_collective_views",
     "ranking_scatter",
