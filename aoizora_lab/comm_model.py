@@ -608,25 +608,28 @@ def all_gather_phases(chips: np.ndarray, shard: float, topology: Topology,
 def physical_phases(chips: np.ndarray, shard: float, topology: Topology,
                     options: ModelOptions) -> list[Flows]:
     """Per-axis phases of an all-gather over a *regular* group's chips (module docstring),
-    whatever their order: rings along each physical axis in physical order, then the
-    intra-chip phase where a chip holds several members."""
-    unique, per_chip, positions, _ = group_layout(chips, topology)
+    whatever their order: :func:`grid_phases` over the chips in physical order."""
+    return grid_phases(physical_grid(chips, topology), shard, options)
+
+
+def physical_grid(chips: np.ndarray, topology: Topology) -> np.ndarray:
+    """A regular group's chips as a grid ``[positions per spanned axis..., members per
+    chip]`` in physical order (axis 0 first): rings along its lines are the per-axis rings of
+    the module docstring. Example: chips (0,0) (1,0) (0,1) (1,1) of ``v5e:4x4``, one device
+    each, are ``[[[c00], [c01]], [[c10], [c11]]]`` (x, then y, then the device)."""
+    unique, per_chip, positions, regular = group_layout(chips, topology)
+    if not regular:
+        raise AoizoraError(f"Chips {np.asarray(chips).tolist()} are no regular group of "
+                           f"{topology.name}: every combination of their positions per axis, "
+                           "the same members on each chip.")
     spanned = [a for a in range(topology.ndim) if len(positions[a]) > 1]
-    orders = (list(itertools.permutations(spanned)) if options.multi_axis == "concurrent"
-              else [tuple(spanned)])
-    data = shard * per_chip[0] / len(orders)  # bytes each chip holds of one order's share
-    phases: list[Flows] = []
-    for step in range(len(spanned)):
-        flows: list[Flows] = []
-        for order in orders:
-            axis = order[step]
-            held = data * math.prod(len(positions[a]) for a in order[:step])
-            flows.extend(_line_rings(unique, axis, positions[axis], held, topology))
-        phases.append(tuple(np.concatenate([f[i] for f in flows]) for i in range(3)))
-    if per_chip[0] > 1:  # the intra-chip phase (module docstring)
-        within = (per_chip[0] - 1) * shard * len(chips)
-        phases.append((unique, unique, np.full(len(unique), within)))
-    return phases
+    coords = topology.chip_coords[unique]
+    shape = [len(positions[a]) for a in spanned]
+    cells = np.ravel_multi_index([np.searchsorted(positions[a], coords[:, a]) for a in spanned],
+                                 shape) if spanned else np.zeros(1, dtype=np.int64)
+    grid = np.empty(math.prod(shape), dtype=np.int64)
+    grid[cells] = unique
+    return np.repeat(grid.reshape(shape)[..., None], per_chip[0], axis=-1)
 
 
 def grid_phases(grid: np.ndarray, shard: float, options: ModelOptions) -> list[Flows]:
@@ -652,19 +655,6 @@ def grid_phases(grid: np.ndarray, shard: float, options: ModelOptions) -> list[F
         unique = np.unique(chips)
         phases.append((unique, unique, np.full(len(unique), (per_chip - 1) * shard * grid.size)))
     return phases
-
-
-def _line_rings(chips: np.ndarray, axis: int, positions: np.ndarray, held: float,
-                topology: Topology) -> list[Flows]:
-    """Bidirectional rings along ``axis`` through every line of ``chips``, in physical order."""
-    coords = topology.chip_coords[chips]
-    others = np.delete(coords, axis, axis=1)
-    rings = []
-    for line in np.unique(others, axis=0):
-        on_line = np.all(others == line, axis=1)
-        ordered = chips[on_line][np.argsort(coords[on_line, axis])]
-        rings.append(ring_flows(ordered, held))
-    return rings
 
 
 def ring_flows(rings: np.ndarray, held: float) -> Flows:

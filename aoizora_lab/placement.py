@@ -15,9 +15,13 @@ a batch of placements with numpy:
    model's :func:`~aoizora_lab.comm_model.route_matrix` (kept as one run of (link,
    fraction) entries per chip pair): a compiled loop (:mod:`aoizora_lab.flow_kernels`) adds
    each flow's bytes to the links of its route;
-3. a *regular* group (a line, a block) runs per-axis physical rings whatever its members'
-   order, so its per-phase loads are worked out once per chip set (keyed by a hash of the
-   set) and gathered from a table after that;
+3. a *regular* group (a line, a block) that the model lays out by its chips runs per-axis
+   physical rings whatever its members' order, so its per-phase loads are worked out once per
+   chip set (keyed by a hash of the set) and gathered from a table after that; under
+   ``ModelOptions(order="logical")`` a group whose order is a grid of lines is keyed by its
+   order instead, and a group that runs as a ring in its order (an all-reduce of up to 8
+   devices by default, :func:`~aoizora_lab.comm_model.order_algorithm`) is routed flow by
+   flow like an irregular one;
 4. a local search moves by swapping two positions, and only the groups holding them change:
    :meth:`PlacementScorer.swap_scores` re-prices those groups against the kept loads of the
    order they came from, routing only the flows whose ends the swap moves.
@@ -495,7 +499,8 @@ class PlacementScorer:
 
     @property
     def group_layouts_modelled(self) -> int:
-        """Distinct group chip sets whose regularity (and phases) the model has worked out."""
+        """Distinct group chip sets (or orders) whose layout and phases the model has worked
+        out."""
         return len(self._set_rows)
 
     def scores(self, orders: Iterable[Sequence[int]] | np.ndarray) -> np.ndarray:
