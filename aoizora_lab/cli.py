@@ -35,7 +35,12 @@ from pathlib import Path
 import numpy as np
 
 from aoizora_lab.cases import CASE_SPEC, parse_case
-from aoizora_lab.comm_model import compare_placements, standard_collectives
+from aoizora_lab.comm_model import (
+    ORDER_MODELS,
+    ModelOptions,
+    compare_placements,
+    standard_collectives,
+)
 from aoizora_lab.errors import AoizoraError
 from aoizora_lab.hardware import chip_spec
 from aoizora_lab.planner import PLAN_TIME_LIMIT_S
@@ -61,10 +66,12 @@ def _topology_command(args: argparse.Namespace) -> int:
     scattered = np.random.default_rng(args.seed).permutation(topology.num_devices)
     table = compare_placements(
         standard_collectives(mesh_shape, args.bytes), topology,
-        {"compact": compact, "scattered": scattered}, chip=chip)
+        {"compact": compact, "scattered": scattered}, chip=chip,
+        options=ModelOptions(order=args.order_model))
     print(f"\nPredicted time of collectives over a logical {'x'.join(map(str, mesh_shape))} "
           f"mesh, {args.bytes:.4g} result bytes per device; compact = logical neighbours on "
-          f"physical neighbours, scattered = random permutation (seed {args.seed}):")
+          f"physical neighbours, scattered = random permutation (seed {args.seed}); device "
+          f"order model {args.order_model!r}:")
     with pd.option_context("display.width", 200, "display.max_columns", 20):
         print(table.to_string(index=False))
     return 0
@@ -230,6 +237,9 @@ def build_parser() -> argparse.ArgumentParser:
                            "(require: fail without libtpu) or never (simulated slice)")
     topo.add_argument("--uncalibrated", action="store_true",
                       help="ignore data/calibration/<generation>.json")
+    topo.add_argument("--order-model", choices=ORDER_MODELS, default=ModelOptions().order,
+                      help="what a group's device order does to its collectives "
+                           "(comm_model.ModelOptions.order; default %(default)s)")
     topo.set_defaults(run=_topology_command)
     pr = commands.add_parser(
         "prune", help="enumerate sharding candidates and prune them from the traced IR")

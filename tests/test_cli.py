@@ -71,3 +71,19 @@ def test_prune_command_lists_candidates_and_what_was_kept(capsys):
     assert kept and 3 <= int(kept.group(1)) <= valid // 4
     assert main(["prune", "wan2.1-t2v-1.3b@1080p/v5e:2x4"]) == 2
     assert "'1080p'" in capsys.readouterr().err
+
+
+def test_topology_command_prices_with_the_order_model_asked(capsys):
+    # The compact order of a 2x4 slice is a row-major chain over all 8 chips: under the
+    # compiler model its all-reduce runs along that chain; without orders it does not.
+    rows = {}
+    for model in ("compiler", "physical"):
+        assert main(["topology", "v5e:2x4", "--deviceless", "never", "--bytes", "1e7",
+                     "--order-model", model]) == 0
+        out = capsys.readouterr().out
+        assert f"device order model '{model}'" in out
+        line = next(x for x in out.splitlines() if x.strip().startswith("all-reduce over all"))
+        rows[model] = float(re.findall(r"\d+\.\d+", line)[0])
+    assert rows["compiler"] > rows["physical"]
+    with pytest.raises(SystemExit):
+        main(["topology", "v5e:2x4", "--order-model", "ring"])
