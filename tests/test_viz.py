@@ -698,3 +698,35 @@ def test_order_comparison_draws_each_hop_and_names_the_busiest_link():
                    for t in titles)
     with pytest.raises(az.AoizoraError, match="group=3"):
         viz.order_comparison(topo, reduce, chain, ring, group=3)
+
+
+@pytest.mark.parametrize(("shape", "generation"), [((2, 4), "v5e"), ((4, 4), "v5e"),
+                                                   ((2, 2, 4), "v5p"), ((2, 2, 2), "tpu7x")])
+def test_chain_and_ring_are_the_same_chips_and_only_the_ring_has_one_link_hops(shape,
+                                                                              generation):
+    topo = az.Topology.simulated(shape, generation=generation)
+    collective, chain, ring = viz.chain_and_ring(topo)
+    (members,) = collective.groups
+    chips = [topo.device_chip[np.asarray(p.order)[list(members)]] for p in (chain, ring)]
+    assert sorted(chips[0]) == sorted(chips[1])
+    hops = [[int(topo.offset_hops(topo.chip_coords[c[(i + 1) % len(c)]]
+                                  - topo.chip_coords[c[i]])) for i in range(len(c))]
+            for c in chips]
+    assert hops[1] == [1] * len(members) and max(hops[0]) > 1
+    assert az.estimate(collective, topo, chain).seconds > az.estimate(
+        collective, topo, ring).seconds
+
+
+def test_ordered_collective_is_the_heaviest_that_follows_its_order():
+    topo = az.Topology.simulated((4, 4))
+    program = [az.Collective("all-gather", mesh_axis_groups((2, 8), [1]), 64e6, count=9),
+               az.Collective("all-reduce", mesh_axis_groups((4, 4), [1]), 2e6, count=3),
+               az.Collective("reduce-scatter", mesh_axis_groups((2, 8), [1]), 1e6, count=4),
+               az.Collective("all-reduce", mesh_axis_groups((8, 2), [1]), 9e6, count=9),
+               az.Collective("all-reduce", [list(range(16))], 99e6, count=9)]
+    # The gather and the 16-device all-reduce are laid out by the compiler, pairs are the
+    # same in any order: of the rest, the one that takes longest.
+    rest = program[1:3]
+    slowest = max(rest, key=lambda c: az.estimate(c, topo).seconds)
+    assert viz.ordered_collective(program, topo) is slowest
+    assert viz.ordered_collective([program[0], program[3], program[4]], topo) is None

@@ -70,14 +70,16 @@ def order_comparison(topology: Topology, collective: Collective, left: Any, righ
 
 def ordered_collective(program: Any, topology: Topology,
                        options: ModelOptions | None = None) -> Collective | None:
-    """The collective of ``program`` (a compiled program or collectives) that moves the most
-    bytes per step among those that run along their group's order
-    (:func:`~aoizora_lab.comm_model.order_algorithm` ``"ring"``), or ``None``."""
+    """The collective of ``program`` (a compiled program or collectives) that takes longest
+    per step in plain device order among those that run along their group's order
+    (:func:`~aoizora_lab.comm_model.order_algorithm` ``"ring"``, more than two devices: a
+    pair is the same in either order), or ``None``."""
     options = options or ModelOptions()
     ordered = [c for c in getattr(program, "collectives", program)
                if order_algorithm(c.kind, len(c.groups[0]), topology, options) == "ring"
                and len(c.groups[0]) > 2]
-    return max(ordered, key=lambda c: c.bytes * c.count, default=None)
+    return max(ordered, key=lambda c: estimate(c, topology, options=options).seconds,
+               default=None)
 
 
 def chain_and_ring(topology: Topology, result_bytes: float = 64e6
