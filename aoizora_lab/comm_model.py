@@ -190,7 +190,9 @@ that does not follow the order: a whole slice ``UniDirectionNDRingStrategy`` / `
 (per-axis rings; ``v5e:4x4``, ``v5e:8x8`` and ``v5p:2x2x4`` in any order, random ones
 included), 16 or 32 devices of a larger slice ``StrategyRing`` with ``has_reordering_map:1``
 (libtpu 0.0.42.1, deviceless; ``benchmarks/device_order.py`` compiles them again and prints
-the labels in ``reports/benchmarks.md``, "Device order")."""
+the labels in ``reports/benchmarks.md``, "Device order"). TPU7x compiles carry no such labels
+(its collectives run on the SparseCores): the same rule is applied there, without evidence of
+its own."""
 
 
 @dataclass(frozen=True)

@@ -186,7 +186,9 @@ def _probes() -> tuple[Probe, ...]:
                Probe("v6e:8x16", (8, 16), (0,), "all-reduce", "create_device_mesh",
                      library_order((8, 16))),
                Probe("v6e:8x16", (8, 16), (0,), "all-reduce", "rings of 4x2 blocks",
-                     block_rings((4, 2), (0, 1)))]
+                     block_rings((4, 2), (0, 1))),
+               Probe("tpu7x:2x2x1", (8,), (0,), "all-reduce", "libtpu device order",
+                     plain_order)]
     return tuple(probes)
 
 
@@ -464,7 +466,9 @@ class DeviceOrderCheck:
                f"All-reduces of up to {RING_IN_ORDER_MAX_MEMBERS} devices run a "
                "bidirectional 1D ring without a reordering map whatever the order: they run "
                "along it; larger groups get per-axis (ND) rings or a reordered ring; "
-               "all-gathers carry a reordering map. `model reads`: the `compiler` order "
+               "all-gathers carry a reordering map. TPU7x compiles carry no such label (its "
+               "collectives run on the SparseCores): the same rule is applied there without "
+               "evidence of its own. `model reads`: the `compiler` order "
                "model's reading (`comm_model.order_algorithm`: `ring` runs along the "
                "order, `physical` does not).",
                markdown_table(self.probes)] if self.probes is not None else []),
