@@ -10,7 +10,8 @@ and contend), and turns the busiest link's load into time::
                        + hop_latency * hops)
 
 where ``hops`` is the farthest any byte of the collective travels (the largest hop distance
-between two members of one group, twice for an all-reduce).
+between two members of one group; for a group run as a ring in its order, the longest run of
+``n // 2`` consecutive ring hops, :func:`ring_hops`; twice for an all-reduce).
 
 **The intra-chip path.** Where a chip holds several devices (tpu7x: two chiplets), bytes between
 devices of one chip cross no ICI link but the chip's own path, one per chip, carrying both
@@ -74,7 +75,7 @@ Three models (:func:`order_algorithm`):
 
 Worked example (``v6e:2x4``, an all-reduce of 64 MB over all 8 chips): in coordinate
 row-major order the ring's hops (1,0)->(0,1) take two links and its closing hop (1,3)->(0,0)
-four, so ``"compiler"`` prices it at 1.32 ms; in the ring order (0,0) (0,1) (0,2) (0,3) (1,3)
+four, so ``"compiler"`` prices it at 1.33 ms; in the ring order (0,0) (0,1) (0,2) (0,3) (1,3)
 (1,2) (1,1) (1,0) every hop is one link: 0.66 ms (``"physical"``: 0.85 ms in both orders).
 
 Routing is dimension-ordered; with ``routing="balanced"`` (default) each transfer's bytes are
