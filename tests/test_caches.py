@@ -97,13 +97,35 @@ def test_a_placement_ranking_is_searched_once_and_read_back_equal(tmp_path, monk
 
 def test_a_kept_price_equals_a_fresh_one(tmp_path):
     topology = az.Topology.simulated((2, 4), generation="v5e")
-    program = _mesh_program(topology)
+    groups = az.mesh_axis_groups((2, topology.num_devices // 2), [1])
+    program = CommProgram((*_mesh_program(topology).collectives,
+                           az.Collective("all-reduce", groups, 2e6, count=10)),
+                          topology.num_devices)
     order = tuple(int(i) for i in np.random.default_rng(0).permutation(topology.num_devices))
     chip = device_spec(topology)
     with versions.cache_root_at(tmp_path):
         cost.predict(program, topology, order)
-        kept = cost._priced(program, topology, order, chip, None)  # read back
+        kept = cost._priced(program, topology, order, chip, None, None)  # read back
         assert len(list((tmp_path / "priced").glob("*.pkl"))) == 1
-    fresh = cost._price(program, topology, order, chip, None)
+        # Another ICI model is another price, never the one kept for the default.
+        totals = set()
+        for model in az.comm_model.ORDER_MODELS:
+            options = az.ModelOptions(order=model)
+            predicted = cost.predict(program, topology, order, options=options)
+            assert predicted == cost.Predicted(*_fresh_parts(program, topology, order, chip,
+                                                             options))
+            totals.add(predicted.total_s)
+        assert len(totals) > 1  # the all-reduce's order matters to some models
+        assert len(list((tmp_path / "priced").glob("*.pkl"))) == len(
+            az.comm_model.ORDER_MODELS)  # the default is "compiler": stored once
+    fresh = cost._price(program, topology, order, chip, None, az.ModelOptions())
     assert kept[1] == fresh[1] and kept[2] == fresh[2]  # time alone and exposed, each
     assert [p.seconds for p in kept[3]] == [p.seconds for p in fresh[3]]
+
+
+def _fresh_parts(program, topology, order, chip, options):
+    """(compute, comm, total) priced afresh, without the store."""
+    compute = cost.compute_seconds(program, chip)
+    _, alone, exposed, _ = cost._price(program, topology, order, chip, None, options)
+    comm = sum(t * c.count for t, c in zip(alone, program.collectives, strict=True))
+    return compute, comm, compute + sum(exposed)
