@@ -394,3 +394,19 @@ def test_interactive_speed_times_the_main_job_cold_then_every_notebook_warm(tmp_
     assert text.startswith("## Interactive speed") and "| small | heatmap |" in text
     assert "main job <= 600 s on empty caches" in text and "Every notebook ran." in text
 
+
+
+@pytest.mark.slow
+def test_device_order_plan_rows_search_and_price_each_plan_under_every_order_model(
+        quality, slice_2x2, cache):
+    from aoizora_lab.bench.order import plan_rows
+
+    rows = plan_rows([Case(WORKLOAD, slice_2x2.name)], num_layers=None, budget=300,
+                     cache_dir=cache)
+    (row,) = rows.to_dict("records")
+    assert row["candidate"] == quality.summary.iloc[0]["candidate"]  # the same plan
+    for model in az.comm_model.ORDER_MODELS:
+        # The search's best under a model is never slower than plain order under it.
+        assert row[f"{model}: vs plain"] >= 1 - 1e-9
+    assert 0 <= row["their share of comm"] <= 1
+    assert row["collectives following their order"] >= 0

@@ -44,6 +44,7 @@ from aoizora_lab.comm_model import (
     ModelOptions,
     estimate,
     mesh_axis_groups,
+    order_algorithm,
 )
 from aoizora_lab.placement import (
     Placement,
@@ -242,7 +243,6 @@ def probe_rows(probes: Sequence[Probe] = PROBES, *, workers: int | None = None
                ) -> pd.DataFrame:
     """One row per probe: the slice, group, order, the compiler's labels (or why not), and
     the order model's reading (:func:`~aoizora_lab.comm_model.order_algorithm`)."""
-    from aoizora_lab.comm_model import order_algorithm
     from aoizora_lab.workers import run_in_workers
 
     calls, rows = [], []
@@ -436,6 +436,60 @@ def order_targets(rows: pd.DataFrame) -> pd.DataFrame:
         for model in ORDER_MODELS])
 
 
+# ----------------------------------------------------------------------------- plans
+
+
+def plan_rows(cases: Sequence[Any], *, num_layers: int | None = 2, budget: int = 20_000,
+              cache_dir: Any = None, progress: Callable[[str], None] | None = None
+              ) -> pd.DataFrame:
+    """Where order matters in real plans: per case, the plan's compiled program (planned as
+    the planner plans it, read from the caches where they hold it) searched and priced under
+    every order model: its placement gain over plain device order and over
+    ``create_device_mesh``'s (NaN where that refuses the mesh), and what follows its order
+    under the default (collectives, and their share of the communication in plain order)."""
+    from aoizora_lab.bench.report import case_row
+    from aoizora_lab.cost import predict
+    from aoizora_lab.placement import rank_placements
+    from aoizora_lab.planner import plan
+
+    def measure(workload: Any, topology: Topology) -> dict[str, Any]:
+        best = plan(workload, topology, num_layers=num_layers, budget=budget,
+                    cache_dir=cache_dir).best
+        program, candidate = best.program, best.candidate
+        default = ModelOptions()
+        follows = [c for c in program.collectives
+                   if order_algorithm(c.kind, len(c.groups[0]), topology, default) == "ring"
+                   and len(c.groups[0]) > 2]
+        plain = plain_order(topology)
+        every = estimate(program, topology, plain).seconds
+        ordered = estimate(follows, topology, plain).seconds if follows else 0.0
+        row: dict[str, Any] = {"candidate": candidate.name, "flags": best.flags.label,
+                               "collectives following their order": len(follows),
+                               "their share of comm": ordered / every if every else 0.0}
+        try:
+            library = create_device_mesh_order(candidate.mesh_shape, topology,
+                                               allow_split=False)
+        except (ValueError, NotImplementedError, AssertionError):
+            library = None
+        for model in ORDER_MODELS:
+            options = ModelOptions(order=model)
+            found = rank_placements(program, candidate, topology, budget=budget,
+                                    flags=best.flags, options=options)[0].predicted.total_s
+            row[f"{model}: vs plain"] = (predict(program, topology, plain, options=options)
+                                         .total_s / found)
+            row[f"{model}: vs create_device_mesh"] = (
+                predict(program, topology, library, options=options).total_s / found
+                if library is not None else math.nan)
+        return row
+
+    rows = []
+    for case in cases:
+        if progress:
+            progress(f"device order: planning {case}")
+        rows.append(case_row(case, measure))
+    return pd.DataFrame(rows)
+
+
 # ----------------------------------------------------------------------------- the section
 
 
@@ -449,6 +503,8 @@ class DeviceOrderCheck:
     """:func:`order_targets`."""
     probes: pd.DataFrame | None = None
     """:func:`probe_rows` (``None``: not compiled this run)."""
+    plans: pd.DataFrame | None = None
+    """:func:`plan_rows` (``None``: no cases this run)."""
 
     def markdown(self) -> str:
         """The "Device order" section."""
@@ -488,18 +544,31 @@ class DeviceOrderCheck:
             "compiler's labels above describe among those that reach them all; a model "
             "that misses one is rejected by the measurements:",
             markdown_table(self.targets),
+            *(["**Where order matters in the plans.** Each case's plan (its compiled "
+               "program, as `aoizora-lab plan` plans it at 2 layers) searched and priced "
+               "under each order model: `<model>: vs plain` and `vs create_device_mesh` are "
+               "the program's step in that order over its best placement under the model. "
+               "`collectives following their order`: those the default model runs as a ring "
+               "in group order (all-reduces and reduce-scatters of 3 to 8 devices), with "
+               "their share of the communication in plain order. A plan whose heavy "
+               "collectives are all-to-alls, permutes and all-gathers sees no order effect "
+               "under the default: the compiler lays those out itself.",
+               markdown_table(self.plans)] if self.plans is not None else []),
         ])
 
 
 def device_order_check(*, compile_probes: bool = True, workers: int | None = None,
-                       topology_of: Callable[[str], Topology] = Topology.from_name
-                       ) -> DeviceOrderCheck:
-    """The section: the measurements (and, with ``compile_probes``, the compiler's labels)."""
+                       topology_of: Callable[[str], Topology] = Topology.from_name,
+                       cases: Sequence[Any] = (), num_layers: int | None = 2,
+                       progress: Callable[[str], None] | None = None) -> DeviceOrderCheck:
+    """The section: the measurements (with ``compile_probes``, the compiler's labels; with
+    ``cases``, :func:`plan_rows` of them)."""
     rows = measurement_rows(topology_of=topology_of)
-    return DeviceOrderCheck(rows, order_targets(rows),
-                            probe_rows(workers=workers) if compile_probes else None)
+    return DeviceOrderCheck(
+        rows, order_targets(rows), probe_rows(workers=workers) if compile_probes else None,
+        plan_rows(cases, num_layers=num_layers, progress=progress) if cases else None)
 
 
 __all__ = ["MEASUREMENTS", "PROBES", "DeviceOrderCheck", "OrderMeasurement", "Probe",
            "collective_labels", "device_order_check", "measurement_rows", "order_targets",
-           "probe_rows"]
+           "plan_rows", "probe_rows"]
