@@ -26,11 +26,10 @@ a batch of placements with numpy:
    :meth:`PlacementScorer.swap_scores` re-prices those groups against the kept loads of the
    order they came from, routing only the flows whose ends the swap moves.
 
-Throughput (placements per second on one core, ``benchmarks/placement_throughput.py``, the
-table in ``reports/benchmarks.md``): about 94,000 at 8 chips, 41,000 at 16, 21,000 at 64 and
-5,900 at 256 with a Wan 14B program, the swap scoring 2.6x faster than whole placements at 64
-chips and 4.6x at 256 (what is left is mostly per-structure numpy work per call and dense
-link vectors).
+Throughput (placements per second on one core, whole placements and swaps apart):
+``benchmarks/placement_throughput.py``, the table in ``reports/benchmarks.md``; the swap
+scoring is the faster the larger the slice (what is left is mostly per-structure numpy work
+per call and dense link vectors).
 
 **Symmetry** (:func:`symmetries`): mirrors of each axis, swaps of equal axes with equal wrap,
 and translations along wrapped axes map the slice onto itself and leave every score unchanged;

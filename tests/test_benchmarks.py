@@ -369,6 +369,7 @@ def test_plan_quality_records_each_case_and_resumes_from_the_records(quality, sl
     assert stored["ici_model"] == bench.quality.ici_model()
     assert set(stored["code"]) >= {"jax", "libtpu", "program_source"}
     assert first.summary.iloc[0]["ici_model"] == az.ModelOptions().order
+    assert "| ici_model |" in first.markdown()
     del stored["ici_model"]  # as records were written before the model saw device orders
     record.write_text(json.dumps(stored))
     old = bench.plan_quality([case], budget=300, records=tmp_path, resume=True,

@@ -103,8 +103,8 @@ class PlanQuality:
         from aoizora_lab.baselines import SYSTEMS
 
         s = self.summary
-        latency = s[["workload", "slice", "status", "candidate", "flags", "placement",
-                     "plan_s", "compute_s", "comm_s", "exposed_s", "plan_wall_s"]]
+        latency = s[["workload", "slice", "status", "ici_model", "candidate", "flags",
+                     "placement", "plan_s", "compute_s", "comm_s", "exposed_s", "plan_wall_s"]]
         headline = s[["workload", "slice", *[f"{b}_s" for b in SYSTEMS], "best_system",
                       "vs_best_system", "speedup_target"]]
         gains = s[["workload", "slice", "placement_gain_vs_plain",
@@ -121,7 +121,10 @@ class PlanQuality:
             "estimates them), `comm_s` (every collective priced alone) and `exposed_s` (what "
             "the compiled schedule does not hide behind compute; `plan_s` = `compute_s` + "
             "`exposed_s`); `flags`: the compiler flag set the search chose; `plan_wall_s`: "
-            "the planner's wall time. " + config_line(self.config),
+            "the planner's wall time; `ici_model`: the device-order model of the ICI model "
+            "that priced the row (`comm_model.ModelOptions.order`; `physical`: planned "
+            "before the model saw device orders, kept until the case is planned again). "
+            + config_line(self.config),
             markdown_table(latency),
             "**Against the existing systems** (the headline): MaxDiffusion as its Wan config "
             "ships (`maxdiffusion-default`: context over every chip, flash attention, "
