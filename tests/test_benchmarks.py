@@ -215,7 +215,8 @@ def test_bench_command_writes_the_report(quality, cost, throughput, slice_2x2, c
     for heading in ("## Plan quality", "## Placement throughput"):
         assert f"\n{heading}\n" in text
     assert "**jax**: " in text and "**libtpu**: " in text and " cores, " in text
-    assert "| workload | slice | status | candidate |" in text and "custom@48x32x5" in text
+    assert "| workload | slice | status | ici_model | candidate |" in text
+    assert "custom@48x32x5" in text
     assert "| target | value | met |" in text
     assert capsys.readouterr().out.endswith(f"report written to {out}\n")
     section = cost.markdown()
