@@ -598,33 +598,31 @@ def all_gather_phases(chips: np.ndarray, shard: float, topology: Topology,
                       options: ModelOptions, kind: str = "all-gather") -> list[Flows]:
     """Phases of an all-gather of ``shard`` bytes per member over member chips ``chips`` (in
     group order); ``kind`` names the collective it is part of (:func:`order_algorithm`)."""
-    how = order_algorithm(kind, len(chips), topology, options)
+    grid = group_grid(chips, topology, order_algorithm(kind, len(chips), topology, options))
+    return [ring_flows(chips, shard)] if grid is None else grid_phases(grid, shard, options)
+
+
+def group_grid(chips: np.ndarray, topology: Topology, how: str) -> np.ndarray | None:
+    """The grid a group's phases run over (:func:`grid_phases`) when it runs ``how``
+    (:func:`order_algorithm`): its order where that is a grid of lines (``"lines"``,
+    :func:`order_grid`), its chips in physical order where they are regular (``"physical"``,
+    :func:`physical_grid`); ``None`` where it runs as one ring in its order."""
     if how == "lines":
-        grid = order_grid(chips, topology)
-        if grid is not None:
-            return grid_phases(grid, shard, options)
-    elif how == "physical" and group_layout(chips, topology)[3]:
-        return physical_phases(chips, shard, topology, options)
-    return [ring_flows(chips, shard)]
+        return order_grid(chips, topology)
+    if how == "physical":
+        return physical_grid(chips, topology)
+    return None
 
 
-def physical_phases(chips: np.ndarray, shard: float, topology: Topology,
-                    options: ModelOptions) -> list[Flows]:
-    """Per-axis phases of an all-gather over a *regular* group's chips (module docstring),
-    whatever their order: :func:`grid_phases` over the chips in physical order."""
-    return grid_phases(physical_grid(chips, topology), shard, options)
-
-
-def physical_grid(chips: np.ndarray, topology: Topology) -> np.ndarray:
-    """A regular group's chips as a grid ``[positions per spanned axis..., members per
-    chip]`` in physical order (axis 0 first): rings along its lines are the per-axis rings of
-    the module docstring. Example: chips (0,0) (1,0) (0,1) (1,1) of ``v5e:4x4``, one device
-    each, are ``[[[c00], [c01]], [[c10], [c11]]]`` (x, then y, then the device)."""
+def physical_grid(chips: np.ndarray, topology: Topology) -> np.ndarray | None:
+    """A *regular* group's chips as a grid ``[positions per spanned axis..., members per
+    chip]`` in physical order (axis 0 first), whatever their order: rings along its lines are
+    the per-axis rings of the module docstring; ``None`` for an irregular group. Example:
+    chips (0,0) (1,0) (0,1) (1,1) of ``v5e:4x4``, one device each, are ``[[[c00], [c01]],
+    [[c10], [c11]]]`` (x, then y, then the device)."""
     unique, per_chip, positions, regular = group_layout(chips, topology)
     if not regular:
-        raise AoizoraError(f"Chips {np.asarray(chips).tolist()} are no regular group of "
-                           f"{topology.name}: every combination of their positions per axis, "
-                           "the same members on each chip.")
+        return None
     spanned = [a for a in range(topology.ndim) if len(positions[a]) > 1]
     coords = topology.chip_coords[unique]
     shape = [len(positions[a]) for a in spanned]
@@ -636,10 +634,10 @@ def physical_grid(chips: np.ndarray, topology: Topology) -> np.ndarray:
 
 
 def grid_phases(grid: np.ndarray, shard: float, options: ModelOptions) -> list[Flows]:
-    """Per-axis phases over an :func:`order_grid`: along one grid axis at a time, every line
-    runs a bidirectional ring in group order (``multi_axis`` orders the axes as for regular
-    groups); a grid axis that stays on one chip (its devices) moves its bytes in the
-    intra-chip phase at the end, as :func:`physical_phases` does."""
+    """Per-axis phases over a :func:`group_grid`: along one grid axis at a time, every line
+    runs a bidirectional ring in grid order (``multi_axis="concurrent"`` splits the data over
+    every order of the axes, ``"sequential"`` runs them in grid order); a grid axis that
+    stays on one chip (its devices) moves its bytes in the intra-chip phase at the end."""
     on_chip = [d for d in range(grid.ndim) if grid.shape[d] > 1
                and not np.diff(grid, axis=d).any()]
     per_chip = grid.shape[on_chip[0]] if on_chip else 1

@@ -63,11 +63,9 @@ from aoizora_lab.comm_model import (
     estimate,
     gathered_shard,
     grid_phases,
-    group_layout,
+    group_grid,
     intra_chip_slots,
     order_algorithm,
-    order_grid,
-    physical_phases,
     ring_flow_bytes,
     ring_flows,
     ring_hops,
@@ -913,15 +911,10 @@ class PlacementScorer:
         """Work out a new chip set (``how`` ``"physical"``: per-axis rings whatever the
         members' order) or order (``"lines"``: rings along it, :func:`~aoizora_lab.
         comm_model.order_grid`): its table row, or -1 where it is a ring in member order."""
-        if how == "lines":
-            grid = order_grid(chips, self.topology)
-            if grid is None:
-                return -1
-            phases = grid_phases(grid, 1.0, self.options)
-        else:
-            if not group_layout(chips, self.topology)[3]:
-                return -1
-            phases = physical_phases(np.sort(chips), 1.0, self.topology, self.options)
+        grid = group_grid(chips, self.topology, how)
+        if grid is None:
+            return -1
+        phases = grid_phases(grid, 1.0, self.options)
         entry = np.stack([self._link_loads(flows, np.zeros(len(flows[0]), dtype=np.int64), 1)[0]
                           for flows in phases]) if phases else np.zeros((0, self._num_links))
         single, double = self._tables
