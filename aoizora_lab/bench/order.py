@@ -41,6 +41,7 @@ from aoizora_lab.comm_model import (
     ORDER_MODELS,
     RING_IN_ORDER_MAX_MEMBERS,
     Collective,
+    CommEstimate,
     ModelOptions,
     estimate,
     mesh_axis_groups,
@@ -106,9 +107,10 @@ def reversed_tail(base: OrderBuilder, start: int) -> OrderBuilder:
     """``base`` with positions ``start..`` reversed: MaxText's ``optimize_mesh_for_tpu_v6e``
     (``new_mesh[4:] = new_mesh[-1:3:-1]`` on an 8-device axis)."""
     def build(topology: Topology) -> Placement:
-        order = list(base(topology).order)
+        built = base(topology)
+        order = list(built.order)
         order[start:] = order[start:][::-1]
-        return Placement(tuple(order), f"{base(topology).description}, tail reversed")
+        return Placement(tuple(order), f"{built.description}, tail reversed")
     return build
 
 
@@ -375,10 +377,12 @@ NOT_REBUILT = (
 """Order-related measurements the workbench cannot rebuild, with why."""
 
 
-def _seconds(collective: Collective, topology: Topology, placement: Placement,
-             order_model: str) -> float:
-    return estimate(collective, topology, placement,
-                    options=ModelOptions(order=order_model)).seconds
+def _estimates(collective: Collective, topology: Topology, before: Placement,
+               after: Placement, order_model: str) -> tuple[CommEstimate, CommEstimate]:
+    """``collective`` on the orders before and after the change, under ``order_model``."""
+    options = ModelOptions(order=order_model)
+    return (estimate(collective, topology, before, options=options),
+            estimate(collective, topology, after, options=options))
 
 
 def measurement_rows(measurements: Sequence[OrderMeasurement] = MEASUREMENTS,
@@ -403,20 +407,19 @@ def measurement_rows(measurements: Sequence[OrderMeasurement] = MEASUREMENTS,
                                "measured_setup": m.measured_setup, "note": m.note})
             continue
         groups = mesh_axis_groups(m.mesh, list(m.axes))
-        for model in ORDER_MODELS:
-            collective = Collective(m.kind, groups, MESSAGE_BYTES)
-            ratio = (_seconds(collective, topology, before, model)
-                     / _seconds(collective, topology, after, model))
-            row[f"{model}_ratio"] = ratio
-            row[f"{model}_reaches"] = bool(ratio >= m.published_ratio)
-        small = Collective(m.kind, groups, SMALL_MESSAGE_BYTES)
-        row["compiler_ratio_small"] = (_seconds(small, topology, before, "compiler")
-                                       / _seconds(small, topology, after, "compiler"))
         big = Collective(m.kind, groups, MESSAGE_BYTES)
-        for side, placement in (("before", before), ("after", after)):
-            found = estimate(big, topology, placement)
-            row[f"busiest_{side}"] = (f"{found.busiest_link} "
-                                      f"{found.busiest_link_bytes / 1e6:.0f} MB")
+        by_model = {model: _estimates(big, topology, before, after, model)
+                    for model in ORDER_MODELS}
+        for model, (was, now) in by_model.items():
+            row[f"{model}_ratio"] = was.seconds / now.seconds
+            row[f"{model}_reaches"] = bool(row[f"{model}_ratio"] >= m.published_ratio)
+        default = ModelOptions().order
+        small = _estimates(Collective(m.kind, groups, SMALL_MESSAGE_BYTES), topology, before,
+                           after, default)
+        row["compiler_ratio_small"] = small[0].seconds / small[1].seconds
+        for side, each in zip(("before", "after"), by_model[default], strict=True):
+            row[f"busiest_{side}"] = (f"{each.busiest_link} "
+                                      f"{each.busiest_link_bytes / 1e6:.0f} MB")
         rows.append(row | {"status": "ok", "measured_setup": m.measured_setup,
                            "note": m.note})
     for key, what, why in NOT_REBUILT:
