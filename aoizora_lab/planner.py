@@ -80,8 +80,9 @@ if TYPE_CHECKING:
 
 PLAN_TIME_LIMIT_S = 300.0
 """``aoizora-lab plan``'s time limit unless ``--full`` (``plan()`` itself has none): a cold
-plan should answer while its user still waits, 5 minutes (issue 20's target), and on the
-search-cost case it answers there with the full search's plan."""
+plan should answer while its user still waits, 5 minutes (the quick-plans target in
+``reports/benchmarks.md``), and on the search-cost case it answers there with the full
+search's plan."""
 
 SEARCHED_FLAGS: tuple[str, ...] = ("default", "maxdiffusion-ulysses")
 """The flag sets the planner compiles each kept candidate with: libtpu's defaults and
