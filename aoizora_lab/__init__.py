@@ -9,12 +9,8 @@ Public API (docs/architecture.md maps the pipeline)::
     case = az.parse_case("wan2.1-t2v-14b@1280x720x81/v5e:4x4")   # a workload on a slice
 """
 
-from aoizora_lab.deviceless import prepare_environment
-
-prepare_environment()  # before anything loads libtpu
-
-from aoizora_lab.cases import Case, parse_case  # noqa: E402
-from aoizora_lab.comm_model import (  # noqa: E402
+from aoizora_lab.cases import Case, parse_case
+from aoizora_lab.comm_model import (
     COLLECTIVE_KINDS,
     Collective,
     CommEstimate,
@@ -22,17 +18,17 @@ from aoizora_lab.comm_model import (  # noqa: E402
     estimate,
     mesh_axis_groups,
 )
-from aoizora_lab.errors import AoizoraError  # noqa: E402
-from aoizora_lab.hardware import (  # noqa: E402
+from aoizora_lab.errors import AoizoraError
+from aoizora_lab.hardware import (
     GENERATIONS,
     ICI_LINK_BANDWIDTH_CLOUD,
     ChipSpec,
     chip_spec,
 )
-from aoizora_lab.models.parallel import ROLES, ParallelPlan  # noqa: E402
-from aoizora_lab.models.wan import WanConfig  # noqa: E402
-from aoizora_lab.topology import Link, Topology, default_wrap  # noqa: E402
-from aoizora_lab.workload import Workload, denoise_step, lower_step  # noqa: E402
+from aoizora_lab.models.parallel import ROLES, ParallelPlan
+from aoizora_lab.models.wan import WanConfig
+from aoizora_lab.topology import Link, Topology, default_wrap
+from aoizora_lab.workload import Workload, denoise_step, lower_step
 
 __all__ = [
     "COLLECTIVE_KINDS",

@@ -236,7 +236,8 @@ def build_parser() -> argparse.ArgumentParser:
                       help="use libtpu's deviceless devices: when available (auto), always "
                            "(require: fail without libtpu) or never (simulated slice)")
     topo.add_argument("--uncalibrated", action="store_true",
-                      help="ignore data/calibration/<generation>.json")
+                      help="ignore the calibration file (<generation>.json in the user's data "
+                           "folder or $AOIZORA_LAB_CALIBRATION_DIR)")
     topo.add_argument("--order-model", choices=ORDER_MODELS, default=ModelOptions().order,
                       help="what a group's device order does to its collectives "
                            "(comm_model.ModelOptions.order; default %(default)s)")

@@ -53,16 +53,16 @@ from typing import TYPE_CHECKING, Any
 
 from aoizora_lab.candidates import Candidate
 from aoizora_lab.errors import AoizoraError, is_whole
-from aoizora_lab.hlo import CommProgram, parse_hlo
+from aoizora_lab.hlo import CommProgram, program_at_depth
 from aoizora_lab.progress import duration
 from aoizora_lab.progress import note as progress_note
 from aoizora_lab.records import Records
 from aoizora_lab.topology import Topology
 from aoizora_lab.versions import (
     cache_root,
+    code_versions,
     digest,
     memoized,
-    program_versions,
 )
 from aoizora_lab.workers import (
     available_memory,
@@ -436,7 +436,7 @@ def _sweep(workload: Workload, topology: Topology, num_layers: int | None) -> di
                      "wrap": list(topology.wrap), "generation": topology.generation,
                      "source": topology.source, "num_devices": topology.num_devices},
         "num_layers": num_layers or model.num_layers,
-        "versions": program_versions(),
+        "versions": code_versions("aoizora_lab.compile_worker"),
     }
 
 
@@ -628,16 +628,6 @@ def merge_cache(source: str | Path, target: str | Path) -> int:
     return copied
 
 
-def program_at_depth(hlo_text: str, num_devices: int, num_layers: int | None,
-                     model_layers: int) -> CommProgram:
-    """The :class:`CommProgram` of a compile ``num_layers`` deep (``None``: the model's depth),
-    its layer loop scaled to the model's ``model_layers`` when it was compiled shallower."""
-    program = parse_hlo(hlo_text, num_devices=num_devices)
-    if num_layers is not None and num_layers < model_layers:
-        program = program.fold_loop(num_layers, model_layers)
-    return program
-
-
 def _result(candidate: Candidate, raw: dict[str, Any], model_layers: int,
             num_layers: int | None, flags: CompilerFlags) -> CompiledCandidate:
     program = None
@@ -650,7 +640,7 @@ def _result(candidate: Candidate, raw: dict[str, Any], model_layers: int,
                 "program", (raw.get("hlo_sha256") or digest(hlo_path.read_bytes()),
                             candidate.num_devices, num_layers, model_layers),
                 lambda: program_at_depth(hlo_path.read_text(), candidate.num_devices,
-                                         num_layers, model_layers), sources=["hlo.py"])
+                                         num_layers, model_layers), code="aoizora_lab.hlo")
         except AoizoraError as err:  # e.g. a layer loop the compiler unrolled cannot fold
             status, message = "error", f"{candidate.name}: {err}"
     return CompiledCandidate(

@@ -23,26 +23,29 @@ def main(work: Path) -> None:
     job = json.loads(sys.stdin.read())
     import jax
 
-    import aoizora_lab as az
+    # Submodules by name: the compile cache's key digests what this module imports.
     from aoizora_lab.candidates import Candidate
+    from aoizora_lab.models.wan import WanConfig
+    from aoizora_lab.topology import Topology
+    from aoizora_lab.workload import Workload, lower_step
 
     spec = job["topology"]
     if spec["source"] == "libtpu deviceless":
-        topology = az.Topology.from_name(spec["name"], deviceless=True)
+        topology = Topology.from_name(spec["name"], deviceless=True)
     elif spec["source"] == "host devices":
-        topology = az.Topology.simulated(spec["shape"], generation=spec["generation"],
-                                         wrap=spec["wrap"],
-                                         devices=jax.devices()[:spec["num_devices"]])
+        topology = Topology.simulated(spec["shape"], generation=spec["generation"],
+                                      wrap=spec["wrap"],
+                                      devices=jax.devices()[:spec["num_devices"]])
     else:
-        topology = az.Topology.from_devices(jax.devices())
-    model = az.WanConfig(**job["model"])
-    workload = az.Workload(model=model, **job["workload"])
+        topology = Topology.from_devices(jax.devices())
+    model = WanConfig(**job["model"])
+    workload = Workload(model=model, **job["workload"])
     candidate = Candidate.from_name(job["candidate"], attention=job["attention"])
     devices = [topology.devices[i] for i in topology.device_grid().ravel()]
     start = time.perf_counter()
     result: dict = {"status": "ok", "message": ""}
     try:
-        lowered = az.lower_step(workload, candidate.plan(devices), num_layers=job["num_layers"])
+        lowered = lower_step(workload, candidate.plan(devices), num_layers=job["num_layers"])
         if os.environ.get("AOIZORA_LAB_ABORT_CANDIDATE") == candidate.name:
             os.abort()
         while os.environ.get("AOIZORA_LAB_HANG_CANDIDATE") == candidate.name:

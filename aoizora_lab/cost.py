@@ -244,10 +244,7 @@ def _priced(program: CommProgram, topology: Topology, placement: Any, chip: Chip
     return memoized("priced", (fingerprint(program), topology.cache_key, order, chip,
                                compute_model, options),
                     lambda: _price(program, topology, placement, chip, compute_model, options),
-                    sources=PRICING_SOURCES)
-
-
-PRICING_SOURCES = ("cost.py", "comm_model.py", "topology.py", "hardware.py", "hlo.py")
+                    code=__name__)
 """The code a priced program depends on besides its inputs."""
 
 

@@ -3,8 +3,8 @@
 ``jax.experimental.topologies.get_topology_desc`` gives compile-only TPU devices with their
 real physical coordinates on any x86-64 Linux machine where the ``libtpu`` wheel is installed.
 On a machine without TPU chips libtpu prints warnings about ``TPU_ACCELERATOR_TYPE`` and worker
-hostnames that mean nothing there; :func:`prepare_environment` and :func:`deviceless_devices`
-keep them out of the user's way:
+hostnames that mean nothing there; :func:`deviceless_devices` keeps them out of the user's way
+while it loads libtpu (:func:`libtpu_environment`):
 
 - ``ALLOW_MULTIPLE_LIBTPU_LOAD=1`` so several processes (a compile pool) may load libtpu;
 - on a host with no TPU device files, ``TPU_SKIP_MDS_QUERY=1`` and
@@ -13,7 +13,8 @@ keep them out of the user's way:
   :data:`last_load_log` for debugging.
 
 Nothing here is set on a live TPU VM except ``ALLOW_MULTIPLE_LIBTPU_LOAD``; every variable is
-only a default (``os.environ.setdefault``), so a user's own setting wins.
+only a default, so a user's own setting wins, and each is put back as it was once libtpu has
+loaded: importing or using the package leaves the process environment as it found it.
 """
 
 from __future__ import annotations
@@ -36,12 +37,25 @@ def host_has_tpu() -> bool:
     return bool(glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*"))
 
 
-def prepare_environment() -> None:
-    """Set the libtpu environment defaults described in the module docstring."""
-    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+def libtpu_defaults() -> dict[str, str]:
+    """The libtpu environment defaults described in the module docstring, for this host."""
+    defaults = {"ALLOW_MULTIPLE_LIBTPU_LOAD": "1"}
     if not host_has_tpu():
-        os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
-        os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
+        defaults |= {"TPU_SKIP_MDS_QUERY": "1", "TPU_WORKER_HOSTNAMES": "localhost"}
+    return defaults
+
+
+@contextlib.contextmanager
+def libtpu_environment() -> Iterator[None]:
+    """:func:`libtpu_defaults` set where the environment has no value of its own while
+    inside (libtpu reads them as it loads), then removed again."""
+    added = {k: v for k, v in libtpu_defaults().items() if k not in os.environ}
+    os.environ.update(added)
+    try:
+        yield
+    finally:
+        for name in added:
+            os.environ.pop(name, None)
 
 
 @contextlib.contextmanager
@@ -71,8 +85,7 @@ def deviceless_devices(topology_name: str) -> tuple[Any, ...]:
     slice with a note.
     """
     global last_load_log
-    prepare_environment()
-    with captured_stderr() as log:
+    with libtpu_environment(), captured_stderr() as log:
         try:
             from jax.experimental import topologies
 

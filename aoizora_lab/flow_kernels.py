@@ -14,9 +14,18 @@ member (each taken off its old route and put on its new one); a call of the sear
 swaps) routes ~22,000 flows over ~160,000 route entries. Measured on 14B@720p
 ``cfg2-uly8-ring4-fsdp`` (64 chips), the search's placements per second went from 12.0k to
 21.4k with these loops and the bookkeeping around them (``reports/benchmarks.md``).
+
+numba compiles each kernel on first use (~6 s for all of them) and keeps the machine code in
+its own on-disk format, which is pickle: so that cache lives in this user's own cache folder
+(:func:`kernel_cache_dir`), never under a shared ``$AOIZORA_LAB_CACHE_DIR`` nor inside the
+installed package.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 import numba
 import numpy as np
@@ -28,7 +37,28 @@ bidirectional ring sends ``c[i] -> c[i+1]`` and back, the closing pair included 
 :func:`~aoizora_lab.comm_model.ring_flows`)."""
 
 
-@numba.njit(cache=True)
+def kernel_cache_dir() -> Path:
+    """Where numba keeps the compiled kernels: ``numba/`` in the user's cache folder."""
+    import platformdirs
+
+    from aoizora_lab.versions import APP_NAME
+
+    return Path(platformdirs.user_cache_dir(APP_NAME, appauthor=False)) / "numba"
+
+
+def _kernel(function: Callable[..., Any]) -> Callable[..., Any]:
+    """``numba.njit(cache=True)`` with the cache in :func:`kernel_cache_dir`. numba picks a
+    function's cache folder as it decorates it, from ``numba.config.CACHE_DIR``: set for this
+    function only, then put back."""
+    before = numba.config.CACHE_DIR
+    numba.config.CACHE_DIR = str(kernel_cache_dir())
+    try:
+        return numba.njit(cache=True)(function)
+    finally:
+        numba.config.CACHE_DIR = before
+
+
+@_kernel
 def _add_route(out: np.ndarray, row: int, src: int, dst: int, weight: float, num_chips: int,
                start: np.ndarray, length: np.ndarray, link: np.ndarray,
                fraction: np.ndarray) -> None:
@@ -38,7 +68,7 @@ def _add_route(out: np.ndarray, row: int, src: int, dst: int, weight: float, num
         out[row, link[entry]] += weight * fraction[entry]
 
 
-@numba.njit(cache=True)
+@_kernel
 def route_flows(out: np.ndarray, src: np.ndarray, dst: np.ndarray, weight: np.ndarray,
                 rows: np.ndarray, num_chips: int, start: np.ndarray, length: np.ndarray,
                 link: np.ndarray, fraction: np.ndarray) -> None:
@@ -49,7 +79,7 @@ def route_flows(out: np.ndarray, src: np.ndarray, dst: np.ndarray, weight: np.nd
                    fraction)
 
 
-@numba.njit(cache=True)
+@_kernel
 def _change(out: np.ndarray, row: int, old_src: int, old_dst: int, new_src: int,
             new_dst: int, old_weight: float, new_weight: float, num_chips: int,
             start: np.ndarray, length: np.ndarray, link: np.ndarray,
@@ -64,7 +94,7 @@ def _change(out: np.ndarray, row: int, old_src: int, old_dst: int, new_src: int,
                    fraction)
 
 
-@numba.njit(cache=True)
+@_kernel
 def route_group_changes(out: np.ndarray, layout: int, old: np.ndarray, new: np.ndarray,
                         old_weight: np.ndarray, new_weight: np.ndarray, rows: np.ndarray,
                         num_chips: int, start: np.ndarray, length: np.ndarray,
@@ -99,7 +129,7 @@ SCAN_MEMBERS = 64
 lookups at 64, a few microseconds); larger sets are worked out once each by their owner."""
 
 
-@numba.njit(cache=True)
+@_kernel
 def moved_longest(distances: np.ndarray, old: np.ndarray, new: np.ndarray,
                   old_hops: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Longest distance within each group ``new[g]`` (member chips), which is ``old[g]``
@@ -142,7 +172,7 @@ def moved_longest(distances: np.ndarray, old: np.ndarray, new: np.ndarray,
     return hops, again
 
 
-@numba.njit(cache=True)
+@_kernel
 def maybe_regular(coords: np.ndarray, shape: np.ndarray, groups: np.ndarray) -> np.ndarray:
     """Whether each group's chips (``groups`` ``[N, S]``, ``coords`` per chip) take as many
     distinct positions per axis as multiply to ``S``: a regular set (every combination of

@@ -13,8 +13,9 @@ calibrated against, and the alternative is exported so a user can pick it explic
     50000000000.0
 
 Calibration (``measure.calibrate`` on a live slice) writes ``<generation>.json`` with field
-overrides into the calibration folder (``data/calibration/`` of this repository, or the folder
-named by ``$AOIZORA_LAB_CALIBRATION_DIR``); :func:`chip_spec` applies it unless told not to.
+overrides into the calibration folder (:func:`default_calibration_dir`: the user's data
+folder, or the one ``$AOIZORA_LAB_CALIBRATION_DIR`` names); :func:`chip_spec` applies it
+unless told not to.
 Keyword overrides win over both.
 """
 
@@ -29,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from aoizora_lab.errors import AoizoraError
-from aoizora_lab.versions import write_atomically
+from aoizora_lab.versions import user_data_dir, write_atomically
 
 GiB = 2**30
 
@@ -246,12 +247,13 @@ ICI_LINK_BANDWIDTH_CLOUD: dict[str, float] = {"v5e": 5e10, "v5p": 1e11, "v6e": 1
 def default_calibration_dir() -> Path:
     """Folder holding ``<generation>.json`` calibration files.
 
-    ``$AOIZORA_LAB_CALIBRATION_DIR`` when set, else ``data/calibration`` of this repository.
+    ``$AOIZORA_LAB_CALIBRATION_DIR`` when set, else ``calibration/`` in the user's data folder
+    (``~/.local/share/aoizora-lab/calibration`` on Linux), whatever the checkout or install.
     """
     env = os.environ.get(CALIBRATION_DIR_ENV)
     if env:
         return Path(env)
-    return Path(__file__).resolve().parent.parent / "data" / "calibration"
+    return user_data_dir() / "calibration"
 
 
 def check_generation(generation: str) -> str:

@@ -251,6 +251,16 @@ def parse_hlo(text: str, num_devices: int | None = None) -> CommProgram:
                        _compute_ops(computations, runs, loops, entry, scheduled))
 
 
+def program_at_depth(hlo_text: str, num_devices: int, num_layers: int | None,
+                     model_layers: int) -> CommProgram:
+    """The :class:`CommProgram` of a compile ``num_layers`` deep (``None``: the model's depth),
+    its layer loop scaled to the model's ``model_layers`` when it was compiled shallower."""
+    program = parse_hlo(hlo_text, num_devices=num_devices)
+    if num_layers is not None and num_layers < model_layers:
+        program = program.fold_loop(num_layers, model_layers)
+    return program
+
+
 # ----------------------------------------------------------------------------- structure
 
 

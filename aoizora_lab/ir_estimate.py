@@ -38,16 +38,16 @@ from jax.sharding import PartitionSpec as P
 
 from aoizora_lab.candidates import Candidate
 from aoizora_lab.comm_model import Collective, mesh_axis_groups
-from aoizora_lab.cost import PRICING_SOURCES, Predicted, comm_seconds, roofline_seconds
+from aoizora_lab.cost import Predicted, comm_seconds, roofline_seconds
 from aoizora_lab.hardware import device_spec
 from aoizora_lab.ir import IRCollective, IRCounts, count_jaxpr, spec_of
 from aoizora_lab.models.wan import WanConfig, abstract_params
 from aoizora_lab.topology import Topology
 from aoizora_lab.versions import (
     cache_root,
+    code_versions,
     digest,
     memoized,
-    program_versions,
     write_atomically,
 )
 from aoizora_lab.workload import Workload, denoise_step
@@ -61,8 +61,6 @@ with them."""
 IRCacheDir = str | Path | Literal[False] | None
 """Where IR traces are cached: a folder, ``None`` for ``ir/`` under
 :func:`~aoizora_lab.versions.cache_root`, ``False`` for none."""
-_TRACE_SOURCES = ("ir.py", "flops.py", "ir_estimate.py")
-"""Sources a trace's counts depend on besides the program's (the reader and this tracer)."""
 
 
 @dataclass(frozen=True)
@@ -161,7 +159,7 @@ def _trace_entry(candidate: Candidate, workload: Workload, model: WanConfig, dty
            "model": dataclasses.asdict(model), "dtype": jnp.dtype(dtype).name,
            "workload": {k: v for k, v in dataclasses.asdict(workload).items()
                         if k != "model"},
-           "versions": program_versions(_TRACE_SOURCES)}
+           "versions": code_versions(__name__)}
     key = digest(json.dumps(job, sort_keys=True))
     return Path(cache_dir or cache_root() / "ir") / f"{key}.json"
 
@@ -206,7 +204,7 @@ def _bounds(candidate: Candidate, counts: IRCounts, topology: Topology,
     return memoized("ir-bounds", (candidate, digest(repr(counts)), topology.cache_key,
                                   device_spec(topology), trace_seconds),
                     lambda: _derive_bounds(candidate, counts, topology, trace_seconds),
-                    sources=["ir_estimate.py", *PRICING_SOURCES])
+                    code=__name__)
 
 
 def _derive_bounds(candidate: Candidate, counts: IRCounts, topology: Topology,

@@ -1172,7 +1172,7 @@ def rank_placements(program: CommProgram, candidate: Candidate, topology: Topolo
     # Deterministic (seeded search), so a warm plan reads it back: ~2 s per 14B program.
     return memoized("placement", _ranking_key(program, candidate, topology, budget, top, flags,
                                               options),
-                    search, sources=RANKING_SOURCES)
+                    search, code=__name__)
 
 
 def is_ranked(program: CommProgram, candidate: Candidate, topology: Topology, *,
@@ -1182,15 +1182,10 @@ def is_ranked(program: CommProgram, candidate: Candidate, topology: Topology, *,
     """Whether :func:`rank_placements` with these arguments reads a stored ranking."""
     return is_memoized("placement", _ranking_key(program, candidate, topology, budget, top,
                                                  flags, options or ModelOptions()),
-                       sources=RANKING_SOURCES)
+                       code=__name__)
 
 
 def _ranking_key(program: CommProgram, candidate: Candidate, topology: Topology, budget: int,
                  top: int, flags: CompilerFlags, options: ModelOptions) -> tuple[Any, ...]:
     return (fingerprint(program), candidate, topology.cache_key, device_spec(topology), budget,
             top, flags, options)
-
-
-RANKING_SOURCES = ("placement.py", "flow_kernels.py", "comm_model.py", "cost.py", "topology.py",
-                   "hardware.py", "hlo.py")
-"""The code a placement ranking depends on besides its inputs (:func:`rank_placements`)."""

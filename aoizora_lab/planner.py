@@ -261,9 +261,9 @@ def plan(workload: Workload, topology: Topology, *, keep: int = 3, budget: int =
         first_run = (workload, topology.name, topology.source, num_layers, tuple(flag_sets),
                      keep, max_compiled, systems, compare, time_limit_s, budget,
                      top_placements, tuple(c.name for c in pruning.kept))
-        if is_memoized("time-limited-plan", first_run, sources=["planner.py"]):
+        if is_memoized("time-limited-plan", first_run, code=__name__):
             limit.started = memoized("time-limited-plan", first_run, lambda: None,
-                                     sources=["planner.py"])
+                                     code=__name__)
     if not pruning.kept:
         raise AoizoraError(
             f"No candidate of {workload.name} on {topology.name} survived pruning: "
@@ -331,7 +331,7 @@ def plan(workload: Workload, topology: Topology, *, keep: int = 3, budget: int =
         if limit is not None and limit.started is None:
             memoized("time-limited-plan", first_run, lambda: frozenset(
                 r.key for r in [*compiled, *added] if r.status != "unstarted"),
-                sources=["planner.py"])
+                code=__name__)
     finally:
         if executor is None:
             pool.shutdown()

@@ -111,13 +111,14 @@ class Plan:
         mesh and shardings really communicate per step.
 
         Compiles with :meth:`compile` (``num_layers`` deep; ``None``: the model's depth) and
-        reads the program with :func:`~aoizora_lab.compile.program_at_depth`, as
+        reads the program with :func:`~aoizora_lab.hlo.program_at_depth`, as
         :func:`~aoizora_lab.compile.compile_candidates` does for the programs the ranking
         scores. For a plan from the planner, compiled at the planner's depth, its
         collectives (kind, bytes, runs, groups) should equal those of :attr:`program`; a
         difference means the realised mesh or shardings are not what was scored.
         """
-        from aoizora_lab.compile import check_num_layers, program_at_depth
+        from aoizora_lab.compile import check_num_layers
+        from aoizora_lab.hlo import program_at_depth
 
         depth = self.workload.config().num_layers
         check_num_layers(num_layers, depth)
@@ -132,7 +133,7 @@ class Plan:
         # Deviceless compiles are deterministic: a notebook re-run reads this one back.
         return memoized("realised", (self.workload, self.candidate, self.topology.cache_key,
                                      self.placement.order, self.flags, num_layers),
-                        compile_and_read, sources=["realize.py", "compile.py", "hlo.py"])
+                        compile_and_read, code=__name__)
 
     def verify(self, num_layers: int | None = None, scored: CommProgram | None = None
                ) -> Realisation:

@@ -1,36 +1,69 @@
-"""Where cached results live, and what they depend on besides their inputs.
+"""Where cached results live, and the one rule for what their keys hold.
 
-The compile cache (:mod:`aoizora_lab.compile`) and the IR cache
-(:mod:`aoizora_lab.ir_estimate`) live under :func:`cache_root` and put
-:func:`program_versions` into their keys, so an upgrade of jax, jaxlib or libtpu, or an edit of
-the code that builds the program, is a miss, never a stale hit. :func:`memoized` keeps any
-other deterministic result the same way (a parsed program beside its compile, a placement
-search): a warm plan reads them back instead of recomputing them.
+Every cache (compiles, IR traces, memoized results) lives under :func:`cache_root`: the user's
+cache folder (``platformdirs``), whatever the checkout or install, unless
+``$AOIZORA_LAB_CACHE_DIR`` names another (a test session, a team's shared disk). Nothing is
+written inside the installed package.
+
+A stored value's key holds its inputs and :func:`code_versions` of the module that computes
+it: the versions of the libraries in :data:`LIBRARIES` and a digest of that module's source
+and of every module of the package it imports, found by reading the imports
+(:func:`code_closure`), not from a hand-kept list. An upgrade or an edit of any code that
+shapes the value is a miss, never a stale hit. Values are stored as JSON
+(:mod:`aoizora_lab.codec`), so reading a shared cache runs no code; a damaged entry is
+recomputed.
+
+Example: ``memoized("priced", key, compute, code="aoizora_lab.cost")`` keys the price by
+``key``, the library versions and the source of ``cost.py``, ``comm_model.py``,
+``hardware.py``, ``topology.py``, ``hlo.py``... (what ``cost`` imports, transitively).
 """
 
 from __future__ import annotations
 
+import ast
 import contextlib
+import functools
 import hashlib
 import importlib.metadata
 import os
-import pickle
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TypeVar
+
+from aoizora_lab.codec import dumps, loads
 
 T = TypeVar("T")
 
 CACHE_ENV = "AOIZORA_LAB_CACHE_DIR"
 """Environment variable naming another cache root (a test session, a shared disk)."""
+APP_NAME = "aoizora-lab"
+"""The folder name under the user's cache and data folders."""
+LIBRARIES = ("jax", "jaxlib", "libtpu", "numpy")
+"""The libraries whose versions are part of every stored value's key: the compiler and the
+arithmetic under every program, price and placement."""
+PACKAGE_ROOT = Path(__file__).resolve().parent
+"""The package's source folder, read for :func:`code_digest`."""
 
 
 def cache_root() -> Path:
-    """``$AOIZORA_LAB_CACHE_DIR`` if set, else ``data/cache`` of this checkout; compiles go
-    to its ``compile/`` folder and IR traces to ``ir/``."""
+    """``$AOIZORA_LAB_CACHE_DIR`` if set, else the user's cache folder for ``aoizora-lab``
+    (``~/.cache/aoizora-lab`` on Linux); compiles go to its ``compile/`` folder, IR traces to
+    ``ir/``, memoized results to a folder per kind."""
     chosen = os.environ.get(CACHE_ENV)
-    return Path(chosen) if chosen else Path(__file__).resolve().parent.parent / "data" / "cache"
+    if chosen:
+        return Path(chosen)
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir(APP_NAME, appauthor=False))
+
+
+def user_data_dir() -> Path:
+    """The user's data folder for ``aoizora-lab`` (``~/.local/share/aoizora-lab`` on Linux):
+    files a user keeps, such as calibrations, outside any checkout or install."""
+    import platformdirs
+
+    return Path(platformdirs.user_data_dir(APP_NAME, appauthor=False))
 
 
 @contextlib.contextmanager
@@ -56,25 +89,101 @@ def cache_root_at(path: str | Path) -> Iterator[Path]:
         yield Path(path)
 
 
-_PROGRAM_SOURCES = ("models/wan.py", "models/attention.py", "models/parallel.py",
-                    "workload.py", "candidates.py")
-
-
-def program_versions(extra_sources: Sequence[str] = ()) -> dict[str, str]:
-    """jax / jaxlib / libtpu versions and a digest of the sources that shape the program
-    (plus ``extra_sources``, paths inside the package): what a cached result depends on."""
+@functools.cache
+def library_versions() -> dict[str, str]:
+    """The installed version of each of :data:`LIBRARIES` (``absent`` where not installed)."""
     versions = {}
-    for package in ("jax", "jaxlib", "libtpu"):
+    for package in LIBRARIES:
         try:
             versions[package] = importlib.metadata.version(package)
         except importlib.metadata.PackageNotFoundError:
             versions[package] = "absent"
-    root = Path(__file__).resolve().parent
-    digest = hashlib.sha256()
-    for source in (*_PROGRAM_SOURCES, *extra_sources):
-        digest.update((root / source).read_bytes())
-    versions["program_source"] = digest.hexdigest()[:16]
     return versions
+
+
+def code_versions(module: str) -> dict[str, str]:
+    """What a value computed by ``module`` (``"aoizora_lab.cost"``) depends on besides its
+    inputs: :func:`library_versions` and :func:`code_digest` of the module."""
+    return {**library_versions(), "code": f"{module}@{code_digest(module)}"}
+
+
+@functools.cache
+def code_digest(module: str) -> str:
+    """A digest of the source of ``module`` and of every package module it imports, directly
+    or not (:func:`code_closure`)."""
+    hashed = hashlib.sha256()
+    for name in code_closure(module):
+        hashed.update(name.encode())
+        hashed.update(_source_file(name).read_bytes())
+    return hashed.hexdigest()[:16]
+
+
+@functools.cache
+def code_closure(module: str) -> tuple[str, ...]:
+    """``module`` and the package modules it imports, transitively, sorted: every import
+    statement counts (inside functions too) except those under ``if TYPE_CHECKING:``, which
+    never run. A package's ``__init__`` counts only where something imports from it by name.
+    """
+    seen: set[str] = set()
+    todo = [module]
+    while todo:
+        name = todo.pop()
+        if name not in seen:
+            seen.add(name)
+            todo.extend(_imports(name))
+    return tuple(sorted(seen))
+
+
+def _source_file(module: str) -> Path:
+    """The source of a package module; :class:`ValueError` for a name outside the package."""
+    head, *parts = module.split(".")
+    found = PACKAGE_ROOT.joinpath(*parts)
+    if head == PACKAGE_ROOT.name:
+        if found.with_suffix(".py").is_file():
+            return found.with_suffix(".py")
+        if (found / "__init__.py").is_file():
+            return found / "__init__.py"
+    raise ValueError(f"{module!r} is not a module of {PACKAGE_ROOT.name}")
+
+
+def _imports(module: str) -> set[str]:
+    """The package modules ``module``'s import statements name (see :func:`code_closure`)."""
+    path = _source_file(module)
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found: set[str] = set()
+    for node in _run_time_nodes(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parent = package.split(".")[:len(package.split(".")) - node.level + 1]
+                base = ".".join([*parent, *([base] if base else [])])
+            for alias in node.names:  # "from pkg import module" names the module
+                found.add(f"{base}.{alias.name}" if _is_module(f"{base}.{alias.name}")
+                          else base)
+    return {name for name in found if _is_module(name)}
+
+
+def _is_module(name: str) -> bool:
+    try:
+        _source_file(name)
+    except ValueError:
+        return False
+    return True
+
+
+def _run_time_nodes(tree: ast.AST) -> Iterator[ast.AST]:
+    """Every node of ``tree`` except the bodies of ``if TYPE_CHECKING:`` blocks."""
+    todo = [tree]
+    while todo:
+        node = todo.pop()
+        yield node
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and ast.unparse(child.test).endswith("TYPE_CHECKING"):
+                todo.extend(child.orelse)
+            else:
+                todo.append(child)
 
 
 def write_atomically(path: Path, data: str | bytes) -> None:
@@ -102,12 +211,13 @@ _FINGERPRINTS: dict[int, tuple[weakref.ref, str]] = {}
 
 
 def fingerprint(value: object) -> str:
-    """:func:`digest` of an immutable value's pickle (a compiled program, for cache keys),
-    remembered per object: a program is pickled once however often it is priced."""
+    """:func:`digest` of an immutable value's stored form (:func:`~aoizora_lab.codec.dumps`;
+    a compiled program, for cache keys), remembered per object: a program is encoded once
+    however often it is priced."""
     known = _FINGERPRINTS.get(id(value))
     if known is not None and known[0]() is value:
         return known[1]
-    result = digest(pickle.dumps(value))
+    result = digest(dumps(value))
     try:
         _FINGERPRINTS[id(value)] = (weakref.ref(value, lambda _: _FINGERPRINTS.pop(
             id(value), None)), result)
@@ -116,37 +226,36 @@ def fingerprint(value: object) -> str:
     return result
 
 
-def _memo_path(kind: str, key: object, sources: Sequence[str]) -> Path:
-    return cache_root() / kind / f"{digest(repr((key, program_versions(sources))))}.pkl"
+def _memo_path(kind: str, key: object, code: str) -> Path:
+    return cache_root() / kind / f"{digest(dumps((key, code_versions(code))))}.json"
 
 
-def is_memoized(kind: str, key: object, *, sources: Sequence[str] = ()) -> bool:
+def is_memoized(kind: str, key: object, *, code: str) -> bool:
     """Whether :func:`memoized` with these arguments would read a stored value (or try to:
     a damaged entry is still recomputed there). Lets a caller send only the rest to workers."""
-    return _memo_path(kind, key, sources).exists()
+    return _memo_path(kind, key, code).exists()
 
 
-def memoized(kind: str, key: object, compute: Callable[[], T], *,
-             sources: Sequence[str] = ()) -> T:
+def memoized(kind: str, key: object, compute: Callable[[], T], *, code: str) -> T:
     """``compute()``, kept on disk under ``cache_root()/kind`` and read back for the same
-    ``key`` (whose ``repr`` must name every input), package versions and ``sources`` (paths
-    inside the package whose code shapes the result). Only for deterministic results, or a
-    record meant to be read back as first written (what a time-limited plan first started).
+    ``key`` (every input, as values :mod:`aoizora_lab.codec` stores) and the same
+    :func:`code_versions` of ``code``, the module whose code computes it. Only for
+    deterministic results, or a record meant to be read back as first written (what a
+    time-limited plan first started).
 
-    Example: ``memoized("program", (hlo_sha256, depth), parse, sources=["hlo.py"])`` parses a
-    compile's HLO once; an edit of ``hlo.py`` is a miss. A damaged entry is recomputed.
+    Example: ``memoized("program", (hlo_sha256, depth), parse, code="aoizora_lab.hlo")``
+    parses a compile's HLO once; an edit of ``hlo.py`` or of what it imports is a miss. A
+    damaged entry is recomputed; a cache that cannot be written costs time, not the value.
     """
-    path = _memo_path(kind, key, sources)
+    path = _memo_path(kind, key, code)
     try:
-        return pickle.loads(path.read_bytes())
+        return loads(path.read_bytes())
     except OSError:  # not there (or no cache folder to read): compute it
         pass
-    except Exception:  # damaged, or written by code that no longer unpickles: recompute
+    except ValueError:  # damaged, or written by code whose types changed: recompute
         with contextlib.suppress(OSError):
             path.unlink(missing_ok=True)
     value = compute()
-    try:
-        write_atomically(path, pickle.dumps(value))
-    except OSError:  # a read-only or full cache costs the next call time, not this result
-        pass
+    with contextlib.suppress(OSError):  # a read-only or full cache: the next call recomputes
+        write_atomically(path, dumps(value))
     return value

@@ -42,7 +42,7 @@ def pytest_xdist_make_scheduler(config, log):
 @pytest.fixture(autouse=True, scope="session")
 def _session_cache(tmp_path_factory):
     """Every compile and IR trace of the session goes to a temporary cache, never the
-    checkout's data/cache (children and notebook kernels inherit the variable). The
+    user's cache folder (children and notebook kernels inherit the variable). The
     pytest-xdist workers of one run share it (the caches are safe for several processes), so
     what one worker compiled is a hit in the other."""
     if os.environ.get("PYTEST_XDIST_WORKER"):

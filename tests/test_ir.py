@@ -223,4 +223,5 @@ def test_the_default_caches_follow_the_cache_root(tmp_path, monkeypatch):
     estimate_ir(Candidate.from_name("cfg2-uly4", attention="blockwise"), workload, host)
     assert len(list((tmp_path / "ir").glob("*.json"))) == 1
     monkeypatch.delenv("AOIZORA_LAB_CACHE_DIR")
-    assert cache_root().parts[-2:] == ("data", "cache")
+    assert cache_root().name == "aoizora-lab"  # the user's cache folder
+    assert az.__file__.rpartition("/")[0] not in str(cache_root())  # never the package's

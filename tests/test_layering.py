@@ -15,7 +15,8 @@ PACKAGE = Path(__file__).resolve().parents[1] / "aoizora_lab"
 
 LAYERS: tuple[tuple[str, ...], ...] = (
     # foundations: no pipeline knowledge
-    ("errors", "versions", "deviceless", "hardware", "records", "flops", "progress", "workers"),
+    ("errors", "records", "codec", "versions", "deviceless", "hardware", "flops", "progress",
+     "workers"),
     ("topology",),
     ("comm_model",),
     ("models", "models.attention", "models.safetensors_io", "models.parallel", "models.wan"),

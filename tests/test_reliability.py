@@ -838,13 +838,18 @@ def test_two_processes_sharing_one_cache_both_finish_and_leave_it_whole(tmp_path
 
 @pytest.fixture()
 def other_versions(monkeypatch):
-    """Make ``importlib.metadata`` report other versions of the named packages."""
+    """Make ``importlib.metadata`` report other versions of the named packages (as a new
+    process would see them after an upgrade: the versions read before are forgotten)."""
+    from aoizora_lab.versions import library_versions
+
     real = importlib.metadata.version
 
     def pretend(**versions):
         monkeypatch.setattr(importlib.metadata, "version",
                             lambda package: versions.get(package) or real(package))
-    return pretend
+        library_versions.cache_clear()
+    yield pretend
+    library_versions.cache_clear()
 
 
 def test_a_libtpu_or_jax_upgrade_never_reuses_old_compiles(pristine, tmp_path, other_versions):

@@ -25,9 +25,8 @@ import pandas as pd
 from aoizora_lab.bench.report import case_label, case_row, config_line, markdown_table, met
 from aoizora_lab.cases import Case
 from aoizora_lab.comm_model import ModelOptions
-from aoizora_lab.placement import RANKING_SOURCES
 from aoizora_lab.topology import Topology
-from aoizora_lab.versions import program_versions, write_atomically
+from aoizora_lab.versions import code_versions, write_atomically
 from aoizora_lab.workload import Workload
 
 DEFAULT_MATRIX: tuple[str, ...] = (
@@ -271,7 +270,7 @@ def plan_quality(cases: Iterable[Case | str] = DEFAULT_MATRIX, *, num_layers: in
                 _write_record(path, num_layers=num_layers, budget=budget, row=rows[-1],
                               baselines=baseline_rows[done[0]:], trials=trial_rows[done[1]:],
                               ici_model=ici_model(),
-                              code=program_versions(RANKING_SOURCES))
+                              code=code_versions(__name__))
         if on_case:
             on_case(tables())
     return tables()
