@@ -60,10 +60,17 @@ from typing import Any
 import numpy as np
 
 from aoizora_lab.candidates import Candidate, default_attention, explain_candidates
-from aoizora_lab.compile import DEFAULT_FLAGS, CompiledCandidate, CompilerFlags, compiler_flags
+from aoizora_lab.compile import (
+    DEFAULT_FLAGS,
+    CompiledCandidate,
+    CompilerFlags,
+    CompileStatus,
+    compiler_flags,
+)
 from aoizora_lab.cost import breakdown, predict
 from aoizora_lab.errors import AoizoraError, is_whole
 from aoizora_lab.placement import (
+    LibraryRefuses,
     Placement,
     create_device_mesh_order,
     make_mesh_order,
@@ -78,7 +85,7 @@ from aoizora_lab.workload import Workload
 SYSTEMS = ("maxdiffusion-default", "maxdiffusion-best", "xdit-usp")
 """The existing systems, in report order."""
 USER = "yours"
-"""The name of a user's own setup (``plan(..., compare=...)``)."""
+"""The name of a user's own setup (``PlanOptions(compare=...)``)."""
 
 MAXDIFFUSION_KERNELS: dict[str, str] = {
     "flash": "context", "ulysses": "ulysses", "tokamax_ring": "ring",
@@ -93,8 +100,12 @@ MAXDIFFUSION_KEYS = ("ici_data_parallelism", "ici_fsdp_parallelism", "ici_contex
 """The config keys :func:`maxdiffusion_setup` reads (``flags``: its ``LIBTPU_INIT_ARGS``)."""
 XDIT_KEYS = ("ulysses_size", "ring_size", "dit_fsdp", "flags")
 """The ``generate.py`` flags :func:`xdit_setup` reads."""
-REFUSALS = (AoizoraError, ValueError, NotImplementedError, AssertionError)
-"""What building a setup raises when the system (or a library it calls) refuses."""
+
+
+class SystemRefuses(AoizoraError):
+    """A system's own rules (its asserts, its config checks) or the library it builds its
+    mesh with refuse a recipe on this slice. Building a setup raises only this for a refusal;
+    anything else is a bug and propagates."""
 
 
 @dataclass(frozen=True)
@@ -131,7 +142,7 @@ def maxdiffusion_setup(workload: Workload, topology: Topology, *,
     ICI list ``[data, fsdp, context, tensor]`` goes to ``mesh_utils.create_device_mesh``. The
     batch of two CFG passes is sharded over ``data x fsdp``; weights over ``context`` and
     ``fsdp`` (and ``tensor`` for heads / MLP). ``flags`` default to the README's for the
-    kernel. Raises :class:`AoizoraError` where MaxDiffusion would refuse, quoting its rule.
+    kernel. Raises :class:`SystemRefuses` where MaxDiffusion would refuse, quoting its rule.
 
     Example: ``ici_data_parallelism=2`` on ``v5e:2x4`` gives the mesh (2, 1, 4, 1) and the
     candidate ``cfg2-ctx4-fsdpseq`` (weights sharded 4 ways, over context only).
@@ -142,32 +153,32 @@ def maxdiffusion_setup(workload: Workload, topology: Topology, *,
     bad = {f"ici_{k}_parallelism": v for k, v in ici.items()
            if not (v == -1 or is_whole(v, 1))}
     if bad:
-        raise AoizoraError(f"MaxDiffusion config {bad}: each ici_*_parallelism is a whole "
+        raise SystemRefuses(f"MaxDiffusion config {bad}: each ici_*_parallelism is a whole "
                            "number >= 1, or -1 for 'the devices left' (at most one -1).")
     unknown = [k for k, v in ici.items() if v == -1]
     if len(unknown) > 1:
-        raise AoizoraError(f"MaxDiffusion fills at most one -1 (fill_unspecified_mesh_axes); "
+        raise SystemRefuses(f"MaxDiffusion fills at most one -1 (fill_unspecified_mesh_axes); "
                            f"ici {ici} has {len(unknown)}: set all but one.")
     known = math.prod(v for v in ici.values() if v != -1)
     if unknown:
         if n % known:
-            raise AoizoraError(f"MaxDiffusion ici {ici}: {n} devices do not divide by {known}.")
+            raise SystemRefuses(f"MaxDiffusion ici {ici}: {n} devices do not divide by {known}.")
         ici[unknown[0]] = n // known
     if math.prod(ici.values()) != n:
-        raise AoizoraError(f"MaxDiffusion ici {ici} multiplies to {math.prod(ici.values())}, "
+        raise SystemRefuses(f"MaxDiffusion ici {ici} multiplies to {math.prod(ici.values())}, "
                            f"not the {n} devices of {topology.name}.")
     if attention not in MAXDIFFUSION_KERNELS:
-        raise AoizoraError(f"MaxDiffusion attention={attention!r}: one of "
+        raise SystemRefuses(f"MaxDiffusion attention={attention!r}: one of "
                            f"{sorted(MAXDIFFUSION_KERNELS)} (tokamax_flash shards as flash).")
     batch = ici["data"] * ici["fsdp"]
     if batch > workload.batch:
-        raise AoizoraError(f"MaxDiffusion data x fsdp = {batch} shards a batch of "
+        raise SystemRefuses(f"MaxDiffusion data x fsdp = {batch} shards a batch of "
                            f"{workload.batch} (the CFG passes); use at most {workload.batch}.")
     heads = workload.config().num_heads
     context = ici["context"]
     if attention == "ulysses_ring":
         if not is_whole(ulysses_shards, 1) or context % ulysses_shards:
-            raise AoizoraError(
+            raise SystemRefuses(
                 f"MaxDiffusion ulysses_ring: ulysses_shards={ulysses_shards!r} must be a "
                 f"positive divisor of the context axis {context}.")
         uly, ring = ulysses_shards, context // ulysses_shards
@@ -175,7 +186,7 @@ def maxdiffusion_setup(workload: Workload, topology: Topology, *,
         uly = context if attention == "ulysses" else 1
         ring = context if attention == "tokamax_ring" else 1
     if heads % (uly * ici["tensor"]):
-        raise AoizoraError(
+        raise SystemRefuses(
             f"MaxDiffusion {attention}: {heads} heads do not divide by the Ulysses shards "
             f"{uly} x tensor {ici['tensor']} (it fails fast instead of padding heads).")
     degrees = {"cfg": batch, "ulysses": uly, "ring": ring, "tp": ici["tensor"],
@@ -187,13 +198,16 @@ def maxdiffusion_setup(workload: Workload, topology: Topology, *,
     note = ""
     try:
         mesh = create_device_mesh_order(shape, topology, allow_split=allow_split_physical_axes)
-    except REFUSALS as err:
+    except LibraryRefuses as err:
         if allow_split_physical_axes:
-            raise
+            raise SystemRefuses(f"MaxDiffusion's mesh: {err}") from err
         note = (f"create_device_mesh{shape} refuses with allow_split_physical_axes=False "
                 f"({str(err)[:90]}...); built with allow_split_physical_axes=True, as a "
                 "MaxDiffusion user would set")
-        mesh = create_device_mesh_order(shape, topology, allow_split=True)
+        try:
+            mesh = create_device_mesh_order(shape, topology, allow_split=True)
+        except LibraryRefuses as again:
+            raise SystemRefuses(f"MaxDiffusion's mesh: {again}") from again
     # Mesh (data, fsdp, context, tensor) -> our axes (cfg, ulysses, ring, context, tp); the
     # context axis of ulysses_ring is (ring, ulysses) with Ulysses innermost (row-major).
     grid = np.asarray(mesh.order).reshape(batch, ring, uly, context // (ring * uly),
@@ -236,7 +250,7 @@ def xdit_setup(workload: Workload, topology: Topology, *, ulysses_size: int = 1,
                ring_size: int = 1, dit_fsdp: bool = False,
                flags: str | CompilerFlags | None = None) -> Setup:
     """What the official Wan 2.1 ``generate.py --ulysses_size U --ring_size R [--dit_fsdp]``
-    runs (on xDiT's USP): raises :class:`AoizoraError` where its asserts would fail.
+    runs (on xDiT's USP): raises :class:`SystemRefuses` where its asserts would fail.
 
     Ranks are the devices in plain order; yunchang (``use_ulysses_low``) makes Ulysses groups
     of consecutive ranks (``{0, 1}, {2, 3}, ...`` for U = 2) and ring groups strided by U. The
@@ -246,14 +260,14 @@ def xdit_setup(workload: Workload, topology: Topology, *, ulysses_size: int = 1,
     n = topology.num_devices
     for name, value in (("ulysses_size", ulysses_size), ("ring_size", ring_size)):
         if not is_whole(value, 1):
-            raise AoizoraError(f"Wan generate.py --{name}={value!r}: a whole number >= 1.")
+            raise SystemRefuses(f"Wan generate.py --{name}={value!r}: a whole number >= 1.")
     if ulysses_size * ring_size != n:
-        raise AoizoraError(
+        raise SystemRefuses(
             f"Wan generate.py asserts ulysses_size x ring_size == world size: {ulysses_size} x "
             f"{ring_size} != {n} devices of {topology.name}.")
     heads = workload.config().num_heads
     if heads % ulysses_size:
-        raise AoizoraError(f"Wan generate.py asserts num_heads % ulysses_size == 0: {heads} "
+        raise SystemRefuses(f"Wan generate.py asserts num_heads % ulysses_size == 0: {heads} "
                            f"heads, --ulysses_size {ulysses_size}.")
     candidate = Candidate.from_degrees({"ulysses": ulysses_size, "ring": ring_size},
                                        fsdp=bool(dit_fsdp) and n > 1,
@@ -409,6 +423,8 @@ class Trial:
     """Its predicted step where compiled (NaN: not compiled)."""
     reason: str = ""
     """Why it was refused, not compiled or not ranked high enough to compile."""
+    compile_status: CompileStatus | None = None
+    """How its compile ended (``None``: refused before compiling)."""
 
 
 @dataclass(frozen=True)
@@ -442,7 +458,8 @@ class BaselineOutcome:
     def unstarted(self) -> tuple[str, ...]:
         """Recipes of its setups a time limit left uncompiled: ``plan`` then priced this
         system on the others, so its step may be slower than its best."""
-        return tuple(t.recipe for t in self.trials if t.reason.startswith("unstarted"))
+        return tuple(t.recipe for t in self.trials
+                     if t.compile_status is CompileStatus.UNSTARTED)
 
 
 class Baselines(Records[BaselineOutcome]):
@@ -536,7 +553,7 @@ def _built(recipes: list[dict[str, Any]], build: Callable[..., Setup],
     for keys in recipes:
         try:
             out.append(build(keys))
-        except REFUSALS as err:
+        except SystemRefuses as err:
             out.append((words(keys), str(err)))
     return out
 
@@ -627,7 +644,8 @@ def score_baselines(workload: Workload, topology: Topology, pruning: Pruning,
     for _, chosen in plans.values():
         for s in list(chosen):
             result = compiled[(s.candidate.name, s.flags.label)]
-            if result.status in ("crash", "error") and s.flags.label != DEFAULT_FLAGS.label:
+            if (result.status in (CompileStatus.CRASH, CompileStatus.ERROR)
+                    and s.flags.label != DEFAULT_FLAGS.label):
                 why = result.message.split("\n")[0][:120]
                 chosen.append(replace(
                     s, recipe=f"{s.recipe} (without its LIBTPU_INIT_ARGS)", flags=DEFAULT_FLAGS,
@@ -642,14 +660,16 @@ def score_baselines(workload: Workload, topology: Topology, pruning: Pruning,
         for s in chosen:
             result = compiled[(s.candidate.name, s.flags.label)]
             estimate = estimate_of(pruning, s.candidate)
-            if result.status != "ok":
+            if result.status is not CompileStatus.OK:
                 trials.append(Trial(name, s.recipe, s, estimate,
-                                    reason=f"{result.status}: {result.message[:160]}"))
+                                    reason=f"{result.status}: {result.message[:160]}",
+                                    compile_status=result.status))
                 continue
             plan = Plan(workload, topology, s.candidate, s.placement,
                         predict(result.program, topology, s.placement), result.program,
                         breakdown(result.program, topology, s.placement), flags=s.flags)
-            trials.append(Trial(name, s.recipe, s, estimate, plan.predicted.total_s))
+            trials.append(Trial(name, s.recipe, s, estimate, plan.predicted.total_s,
+                                compile_status=result.status))
             priced.append((s, plan))
         if priced:
             setup, plan = min(priced, key=lambda pair: pair[1].predicted.total_s)
@@ -759,11 +779,11 @@ def headline(best: Plan, baselines: Baselines,
                            shape, topology, allow_split=False))):
         try:
             orders[key] = predict(best.program, topology, build()).total_s
-        except REFUSALS:
+        except LibraryRefuses:
             orders[key] = math.nan
     plain = plain_order(topology)
     in_plain = [(predict(r.program, topology, plain).total_s, r) for r in compiled
-                if r.status == "ok"]
+                if r.status is CompileStatus.OK]
     strategy_s, top = min(in_plain, key=lambda pair: pair[0]) if in_plain else (math.nan, None)
     return Headline(
         best.predicted.total_s, systems, min(priced, key=priced.get) if priced else "",

@@ -41,7 +41,7 @@ from aoizora_lab.models.attention import check_backend
 from aoizora_lab.models.parallel import ROLES, ParallelPlan, spec_shards
 from aoizora_lab.models.wan import WanConfig, param_leaves, param_specs
 from aoizora_lab.records import Records
-from aoizora_lab.topology import Topology
+from aoizora_lab.topology import DeviceSource, Topology
 from aoizora_lab.workload import Workload
 
 if TYPE_CHECKING:
@@ -221,7 +221,7 @@ def _degree_tuples(devices: int, slots: int) -> list[tuple[int, ...]]:
 
 def default_attention(topology: Topology) -> str:
     """``blockwise`` when CPU host devices stand in for the chips, else ``splash`` (TPU)."""
-    return "blockwise" if topology.source == "host devices" else "splash"
+    return "blockwise" if topology.source is DeviceSource.HOST else "splash"
 
 
 @dataclass(frozen=True)

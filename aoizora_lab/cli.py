@@ -6,11 +6,11 @@ Workloads on slices are written as one *case* spec (:mod:`aoizora_lab.cases`), e
 ``aoizora-lab prune wan2.1-t2v-14b@720p/v5e:4x4`` lists the sharding candidates and which
 survive IR pruning, with a reason for each.
 
-``aoizora-lab plan wan2.1-t2v-14b@1280x720x81/v5e:4x4`` runs the search within
-:data:`~aoizora_lab.planner.PLAN_TIME_LIMIT_S` (``--time-limit``; ``--full`` for the whole
-search) and prints the ranking, the best plan, its breakdown and the baseline table;
-``--verify`` then compiles the best plan on its own mesh and checks it is what was scored
-(:meth:`Plan.verify`).
+``aoizora-lab plan wan2.1-t2v-14b@1280x720x81/v5e:4x4`` runs the search within the
+:data:`~aoizora_lab.options.INTERACTIVE` preset's time limit (``--time-limit``; ``--full``:
+the :data:`~aoizora_lab.options.FULL_SEARCH` preset) and prints the ranking, the best plan,
+its breakdown and the baseline table; ``--verify`` then compiles the best plan on its own
+mesh and checks it is what was scored (:meth:`Plan.verify`).
 
 ``aoizora-lab topology v5e:4x4`` prints the slice (shape, wraparound, where the devices came
 from, which device sits on which chip) and a table of predicted collective times under a
@@ -43,7 +43,7 @@ from aoizora_lab.comm_model import (
 )
 from aoizora_lab.errors import AoizoraError
 from aoizora_lab.hardware import chip_spec
-from aoizora_lab.planner import PLAN_TIME_LIMIT_S
+from aoizora_lab.options import FULL_SEARCH, INTERACTIVE, INTERACTIVE_TIME_LIMIT_S
 from aoizora_lab.topology import Topology
 
 
@@ -106,7 +106,10 @@ def _prune_command(args: argparse.Namespace) -> int:
 def _plan_command(args: argparse.Namespace) -> int:
     import pandas as pd
 
+    from aoizora_lab.compile import CompileStatus, check_num_layers
     from aoizora_lab.planner import plan
+    from aoizora_lab.progress import PROGRESS_ENV
+    from aoizora_lab.versions import environment_variable
 
     case = parse_case(args.case)
     workload = case.workload
@@ -117,13 +120,19 @@ def _plan_command(args: argparse.Namespace) -> int:
         raise AoizoraError(f"--full with --time-limit {args.time_limit:g}: --full compiles "
                            "every survivor and every system's setup whatever the time; give "
                            "one of the two.")
-    limit = None if args.full else PLAN_TIME_LIMIT_S if args.time_limit is None \
-        else args.time_limit
+    check_num_layers(args.layers, workload.config().num_layers)  # names the model's depth
+    preset = FULL_SEARCH if args.full else INTERACTIVE
+    options = preset.replace(
+        num_layers=args.layers, budget=args.budget, quiet=True, compare=args.compare,
+        max_compiled=args.max_compiled, systems=not args.no_systems,
+        **({"time_limit_s": args.time_limit} if args.time_limit is not None else {}),
+        **({"flags": args.flags} if args.flags else {}))
+    limit = options.time_limit_s
     topology = case.topology()
-    result = plan(workload, topology, num_layers=args.layers, budget=args.budget,
-                  quiet=args.quiet, compare=args.compare, max_compiled=args.max_compiled,
-                  time_limit_s=limit, systems=not args.no_systems,
-                  **({"flags": args.flags} if args.flags else {}))
+    # Progress lines, not a bar: each stage and each compile as it finishes (a cold plan
+    # compiles for minutes), with the best step so far.
+    with environment_variable(PROGRESS_ENV, "0" if args.quiet else "1"):
+        result = plan(workload, topology, options)
     best = result.best
     with pd.option_context("display.width", 250, "display.max_columns", 20,
                            "display.max_colwidth", 70):
@@ -137,7 +146,7 @@ def _plan_command(args: argparse.Namespace) -> int:
               f"communication {best.predicted.comm_s:.4g} s)")
         print("\nWhere its communication time goes:")
         print(best.breakdown.head(args.top).to_string(float_format=lambda v: f"{v:.4g}"))
-        unstarted = [r for r in result.compiled if r.status == "unstarted"]
+        unstarted = [r for r in result.compiled if r.status is CompileStatus.UNSTARTED]
         if unstarted:
             print(f"\nNot compiled within the {limit:g} s limit ({len(unstarted)} of "
                   f"{len(result.compiled)}; the plan is the best of the rest, --full compiles "
@@ -276,7 +285,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="a quick answer: compile only the N survivors the IR estimates best "
                          "(where estimates tie, the full search's winner may be left out)")
     pl.add_argument("--time-limit", type=float, default=None, metavar="SECONDS",
-                    help=f"answer within SECONDS (default {PLAN_TIME_LIMIT_S:g}), IR traces "
+                    help=f"answer within SECONDS (default {INTERACTIVE_TIME_LIMIT_S:g}), IR traces "
                          "and placement included: survivors compile best estimate first, "
                          "each system's best-estimate setup among the first; none starts "
                          "that would end later; compiles already cached are always read")
@@ -285,7 +294,8 @@ def build_parser() -> argparse.ArgumentParser:
                          "could win) and every system's setup")
     pl.add_argument("--no-systems", action="store_true",
                     help="skip the existing systems' setups (their compiles); no headline")
-    pl.add_argument("--quiet", action="store_true", help="no progress bar")
+    pl.add_argument("--quiet", action="store_true",
+                    help="no progress lines (each stage and compile as it finishes)")
     pl.set_defaults(run=_plan_command)
     rep = commands.add_parser(
         "reports", help="run the notebooks for every report of the matrix; write HTML pages")

@@ -35,6 +35,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import contextlib
 import dataclasses
+import enum
 import hashlib
 import json
 import math
@@ -57,7 +58,7 @@ from aoizora_lab.hlo import CommProgram, program_at_depth
 from aoizora_lab.progress import duration
 from aoizora_lab.progress import note as progress_note
 from aoizora_lab.records import Records
-from aoizora_lab.topology import Topology
+from aoizora_lab.topology import DeviceSource, Topology
 from aoizora_lab.versions import (
     cache_root,
     code_versions,
@@ -76,8 +77,27 @@ from aoizora_lab.workload import Workload
 if TYPE_CHECKING:
     import pandas as pd
 
-STATUSES = ("ok", "oom", "crash", "timeout", "error", "unstarted")
-CACHED_STATUSES = ("ok", "oom")
+class CompileStatus(enum.StrEnum):
+    """How a compile ended. A ``str`` (``status == "ok"`` reads as it did), so a compile's
+    JSON record and cache entry hold the plain word."""
+
+    OK = "ok"
+    """Compiled: the result has a program."""
+    OOM = "oom"
+    """The compiler's RESOURCE_EXHAUSTED: this sharding does not fit the chip's HBM."""
+    CRASH = "crash"
+    """The compiling process was killed by a signal (some TPU compiles abort)."""
+    TIMEOUT = "timeout"
+    """No result within the compile's time out; the child was killed."""
+    ERROR = "error"
+    """Any other compiler or tracing error, or a cache that could not be written."""
+    UNSTARTED = "unstarted"
+    """Not started: a time-limited plan left it out (the message says why)."""
+
+
+STATUSES = tuple(CompileStatus)
+CACHED_STATUSES = (CompileStatus.OK, CompileStatus.OOM)
+"""Deterministic outcomes, kept in the cache; the others are retried next time."""
 
 
 @dataclass(frozen=True)
@@ -152,8 +172,8 @@ class CompiledCandidate:
     """The outcome of compiling one candidate: status, time, memory, the HLO and its collectives."""
 
     candidate: Candidate
-    status: str
-    """One of :data:`STATUSES`."""
+    status: CompileStatus
+    """How it ended (a plain word is read as its :class:`CompileStatus`)."""
     message: str
     """The compiler's message (or the crash's signal and stderr) when not ``ok``."""
     compile_seconds: float
@@ -178,6 +198,9 @@ class CompiledCandidate:
     starting included; NaN for results cached before it was recorded): what the compile
     cost when it ran, which a time-limited plan charges for reading it back."""
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "status", CompileStatus(self.status))
+
     @property
     def key(self) -> tuple[str, str]:
         """``(candidate name, flags label)``: one compile's identity in a sweep."""
@@ -200,7 +223,7 @@ class Compiles(Records[CompiledCandidate]):
     @property
     def ok(self) -> list[CompiledCandidate]:
         """The compiles that produced a program."""
-        return [r for r in self if r.status == "ok"]
+        return [r for r in self if r.status is CompileStatus.OK]
 
     def traffic(self) -> pd.DataFrame:
         """Collective bytes per device per step of every ``ok`` compile, by kind and schedule.
@@ -452,7 +475,7 @@ def _record_host_peak(cache: Path, sweep: str, peaks: Sequence[float]) -> None:
 
 def check_compilable(topology: Topology) -> None:
     """Raise :class:`AoizoraError` unless ``topology`` has devices a compiler can target."""
-    if topology.source not in ("libtpu deviceless", "host devices", "live"):
+    if topology.source is DeviceSource.SIMULATED:
         raise AoizoraError(
             f"{topology.name} is {topology.source}: nothing compiles for it. Use a slice that "
             "libtpu describes (Topology.from_name) or CPU host devices "
@@ -472,7 +495,7 @@ def check_num_layers(num_layers: Any, model_layers: int) -> None:
 def _job(candidate: Candidate, workload: Workload, topology: Topology,
          num_layers: int | None, flags: CompilerFlags = DEFAULT_FLAGS) -> dict[str, Any]:
     """Everything a child needs, as JSON-able data (and the cache key's ingredients)."""
-    options = {} if topology.source == "host devices" else flags.options
+    options = {} if topology.source is DeviceSource.HOST else flags.options
     return {
         "candidate": candidate.name,
         "attention": candidate.attention,
@@ -510,7 +533,7 @@ def _run_job(job: dict[str, Any], cache_dir: str, timeout_s: float) -> dict[str,
     if cached is not None:
         return cached | {"cached": True}
     env = {k: v for k, v in os.environ.items() if k != "LIBTPU_INIT_ARGS"}
-    if job["topology"]["source"] == "host devices":
+    if job["topology"]["source"] == DeviceSource.HOST:
         env["JAX_PLATFORMS"] = "cpu"
         env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count="
                             f"{job['topology']['num_devices']}").strip()
@@ -633,7 +656,7 @@ def _result(candidate: Candidate, raw: dict[str, Any], model_layers: int,
     program = None
     status, message = raw["status"], raw.get("message", "")
     hlo_path = Path(raw["hlo_path"]) if raw.get("hlo_path") else None
-    if status == "ok" and hlo_path is not None:
+    if status == CompileStatus.OK and hlo_path is not None:
         # Parsing a 14B program takes ~0.2 s; a warm plan reads ~50 of them back instead.
         try:
             program = memoized(

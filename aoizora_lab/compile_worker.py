@@ -26,13 +26,13 @@ def main(work: Path) -> None:
     # Submodules by name: the compile cache's key digests what this module imports.
     from aoizora_lab.candidates import Candidate
     from aoizora_lab.models.wan import WanConfig
-    from aoizora_lab.topology import Topology
+    from aoizora_lab.topology import DeviceSource, Topology
     from aoizora_lab.workload import Workload, lower_step
 
     spec = job["topology"]
-    if spec["source"] == "libtpu deviceless":
+    if spec["source"] == DeviceSource.DEVICELESS:
         topology = Topology.from_name(spec["name"], deviceless=True)
-    elif spec["source"] == "host devices":
+    elif spec["source"] == DeviceSource.HOST:
         topology = Topology.simulated(spec["shape"], generation=spec["generation"],
                                       wrap=spec["wrap"],
                                       devices=jax.devices()[:spec["num_devices"]])

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from aoizora_lab.errors import AoizoraError, is_whole
+from aoizora_lab.options import FULL_SEARCH, PlanOptions
 from aoizora_lab.viz.display import show
 
 __all__ = [
@@ -87,6 +88,11 @@ class NotebookInputs:
     ``None`` compiles the full depth."""
     budget: int
     """Placement evaluations per compiled candidate."""
+
+    @property
+    def options(self) -> PlanOptions:
+        """The search these parameters ask for: the full search at this depth and budget."""
+        return FULL_SEARCH.replace(num_layers=self.layers, budget=self.budget)
 
 
 def notebook_inputs(*, case: Any, layers: Any = None, budget: Any = 20_000) -> NotebookInputs:

@@ -45,11 +45,12 @@ placement ("cfg on x:2 | uly on x:2·y:4").
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import enum
 import itertools
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -148,12 +149,30 @@ def _devices_of(topology: Topology) -> list[Any]:
     return list(topology.devices)
 
 
+class LibraryRefuses(AoizoraError):
+    """JAX's mesh construction (``jax.make_mesh``, ``mesh_utils.create_device_mesh``) refuses
+    a mesh shape on a slice: a fact about the library, which callers record as such."""
+
+
+@contextlib.contextmanager
+def _library_call(what: str) -> Iterator[None]:
+    """Turn what JAX's mesh code raises when it refuses a shape (its asserts, ``ValueError``,
+    ``NotImplementedError``) into :class:`LibraryRefuses`; anything else propagates."""
+    try:
+        yield
+    except (ValueError, NotImplementedError, AssertionError) as err:
+        raise LibraryRefuses(f"{what} refuses: {type(err).__name__}: {err}") from err
+
+
 def make_mesh_order(mesh_shape: Sequence[int], axis_names: Sequence[str],
                     topology: Topology) -> Placement:
-    """Where ``jax.make_mesh`` puts a mesh of ``mesh_shape`` (raises where it refuses)."""
+    """Where ``jax.make_mesh`` puts a mesh of ``mesh_shape`` (:class:`LibraryRefuses` where it
+    refuses)."""
     import jax
 
-    mesh = jax.make_mesh(tuple(mesh_shape), tuple(axis_names), devices=_devices_of(topology))
+    devices = _devices_of(topology)
+    with _library_call(f"jax.make_mesh{tuple(mesh_shape)}"):
+        mesh = jax.make_mesh(tuple(mesh_shape), tuple(axis_names), devices=devices)
     return order_of(mesh.devices, topology, "jax.make_mesh")
 
 
@@ -163,17 +182,19 @@ def create_device_mesh_order(mesh_shape: Sequence[int], topology: Topology, *,
 
     ``allow_split`` is its ``allow_split_physical_axes``; ``None`` (default) tries ``False``
     (the library's default) and retries with ``True`` where that refuses the shape. A refusal
-    with ``False`` or ``True`` raises the library's error."""
+    with ``False`` or ``True`` raises :class:`LibraryRefuses`."""
     from jax.experimental import mesh_utils
 
     devices = _devices_of(topology)
     if allow_split is None:
         try:
             return create_device_mesh_order(mesh_shape, topology, allow_split=False)
-        except (ValueError, NotImplementedError, AssertionError):
+        except LibraryRefuses:
             return create_device_mesh_order(mesh_shape, topology, allow_split=True)
-    ordered = mesh_utils.create_device_mesh(tuple(mesh_shape), devices,
-                                            allow_split_physical_axes=allow_split)
+    with _library_call(f"mesh_utils.create_device_mesh{tuple(mesh_shape)} with "
+                       f"allow_split_physical_axes={allow_split}"):
+        ordered = mesh_utils.create_device_mesh(tuple(mesh_shape), devices,
+                                                allow_split_physical_axes=allow_split)
     how = ("mesh_utils.create_device_mesh(allow_split_physical_axes=True)" if allow_split
            else "mesh_utils.create_device_mesh")
     return order_of(ordered, topology, how)
@@ -192,7 +213,7 @@ def library_orders(mesh_shape: Sequence[int], axis_names: Sequence[str],
                   lambda: create_device_mesh_order(mesh_shape, topology)):
         try:
             orders.append(build())
-        except (NotImplementedError, ValueError, AssertionError):
+        except LibraryRefuses:
             continue
     return orders
 

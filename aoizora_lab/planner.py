@@ -26,8 +26,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from aoizora_lab.baselines import (
     USER,
@@ -47,19 +46,17 @@ from aoizora_lab.compile import (
     CompileQueue,
     CompilerFlags,
     Compiles,
+    CompileStatus,
     check_compilable,
     check_num_layers,
-    check_timeout,
     compile_candidates,
     compile_executor,
-    compiler_flags,
 )
 from aoizora_lab.cost import Predicted, breakdown, predict
-from aoizora_lab.errors import AoizoraError, is_whole
+from aoizora_lab.errors import AoizoraError
 from aoizora_lab.hlo import CommProgram
-from aoizora_lab.ir_estimate import IRCacheDir
+from aoizora_lab.options import FULL_SEARCH, PlanOptions
 from aoizora_lab.placement import (
-    TOP_PLACEMENTS,
     Ranking,
     is_ranked,
     plain_order,
@@ -69,24 +66,13 @@ from aoizora_lab.progress import Ticker
 from aoizora_lab.progress import note as progress_note
 from aoizora_lab.prune import Pruning, prune
 from aoizora_lab.realize import Plan
-from aoizora_lab.topology import Topology
+from aoizora_lab.topology import DeviceSource, Topology
 from aoizora_lab.versions import is_memoized, memoized
 from aoizora_lab.workers import usable_cpus, warm_in_workers
 from aoizora_lab.workload import Workload
 
 if TYPE_CHECKING:
     import pandas as pd
-
-
-PLAN_TIME_LIMIT_S = 300.0
-"""``aoizora-lab plan``'s time limit unless ``--full`` (``plan()`` itself has none): a cold
-plan should answer while its user still waits, 5 minutes (the quick-plans target in
-``reports/benchmarks.md``), and on the search-cost case it answers there with the full
-search's plan."""
-
-SEARCHED_FLAGS: tuple[str, ...] = ("default", "maxdiffusion-ulysses")
-"""The flag sets the planner compiles each kept candidate with: libtpu's defaults and
-MaxDiffusion's recommended set (asynchronous collective fusion and all-to-all)."""
 
 
 @dataclass(frozen=True)
@@ -150,7 +136,7 @@ class PlanResult:
         return self.baselines.plans
 
     def advice(self, *, budget: int = 5_000) -> pd.DataFrame:
-        """What to change in your setup (``plan(..., compare=...)``), one step at a time.
+        """What to change in your setup (``PlanOptions(compare=...)``), one step at a time.
 
         Rows (``step``, ``change``, ``candidate``, ``flags``, ``placement``, ``total_s``,
         ``speedup``: your step / this row's): your setup as you run it; your sharding and
@@ -161,7 +147,7 @@ class PlanResult:
         import pandas as pd
 
         if USER not in self.baselines:
-            raise AoizoraError("No setup of yours to advise on: plan(..., compare=...) with "
+            raise AoizoraError("No setup of yours to advise on: PlanOptions(compare=...) with "
                                "MaxDiffusion keys, Wan flags or a mesh (baselines.user_setup).")
         yours = self.baselines[USER]
         if yours.plan is None:
@@ -189,61 +175,45 @@ class PlanResult:
         return frame
 
 
-def plan(workload: Workload, topology: Topology, *, keep: int = 3, budget: int = 20_000,
-         top_placements: int = TOP_PLACEMENTS, num_layers: int | None = None,
-         cache_dir: str | Path | None = None, executor: cf.Executor | None = None,
-         timeout_s: float = 900.0, quiet: bool = True,
-         ir_cache_dir: IRCacheDir = None,
-         flags: Sequence[str | CompilerFlags] = SEARCHED_FLAGS,
-         compare: Any = None, max_compiled: int | None = None,
-         time_limit_s: float | None = None, systems: bool = True) -> PlanResult:
+def plan(workload: Workload, topology: Topology, options: PlanOptions = FULL_SEARCH, *,
+         executor: cf.Executor | None = None) -> PlanResult:
     """Search candidates, compiler flags and placements of ``workload`` on ``topology``;
-    rank; compare with the existing systems (and ``compare``, a setup of yours: MaxDiffusion
-    config keys, Wan / xDiT flags or a mesh, see :func:`aoizora_lab.baselines.user_setup`).
+    rank; compare with the existing systems (and ``options.compare``, a setup of yours).
 
-    A quick answer: ``max_compiled`` compiles at most that many survivors, the IR's best
-    (:func:`~aoizora_lab.prune.prune`'s ``max_kept``; where estimates tie, the compiled winner
-    may be among those left out), and ``systems=False`` skips the existing systems' setups
-    (their compiles; the headline then has no system to compare with). ``time_limit_s``
-    answers within that many seconds (see :class:`_TimeLimit`): survivors compile best
-    estimate first, each with its further flag sets before the next survivors and placed as
-    it comes back, each system's best-estimate setup right after the first survivor and its
-    others among the survivors by estimate, and none starts that would end after the limit
-    (those are ``unstarted`` in :attr:`PlanResult.compiled` and the systems' trials; a system
-    priced on only some setups is named in :attr:`Headline.partial`). A setup of yours
-    (``compare``) is compiled whatever the limit.
-
-    ``flags``: the flag sets every kept candidate is compiled with (names in
-    :data:`aoizora_lab.compile.FLAG_SETS` or ``LIBTPU_INIT_ARGS`` strings; CPU host devices
-    compile once, TPU flags mean nothing there). ``cache_dir`` holds the compiles (default
-    ``data/cache/compile``), ``ir_cache_dir`` the IR traces (default ``data/cache/ir``;
-    ``False``: trace afresh).
+    ``options`` (:class:`~aoizora_lab.options.PlanOptions`; default the full search) says how:
+    depth, budgets, flag sets, limits, caches. A quick answer: ``max_compiled`` compiles at
+    most that many survivors, the IR's best (:func:`~aoizora_lab.prune.prune`'s ``max_kept``;
+    where estimates tie, the compiled winner may be among those left out), and
+    ``systems=False`` skips the existing systems' setups (the headline then has no system to
+    compare with). ``time_limit_s`` answers within that many seconds (see
+    :class:`_TimeLimit`): survivors compile best estimate first, each with its further flag
+    sets before the next survivors and placed as it comes back, each system's best-estimate
+    setup right after the first survivor and its others among the survivors by estimate, and
+    none starts that would end after the limit (those are ``unstarted`` in
+    :attr:`PlanResult.compiled` and the systems' trials; a system priced on only some setups
+    is named in :attr:`Headline.partial`). A setup of yours is compiled whatever the limit.
+    ``executor``: the pool compiles run from (default one thread per compile the machine
+    holds; ``dask.distributed.Client(...).get_executor()`` for a cluster).
     """
     from tqdm.auto import tqdm
 
+    if not isinstance(options, PlanOptions):
+        raise AoizoraError(f"plan(options={options!r}): give a PlanOptions, e.g. "
+                           "PlanOptions(num_layers=2) or INTERACTIVE.replace(num_layers=2).")
     # Checked before anything is traced or compiled: a typo should not cost a sweep.
     check_compilable(topology)
-    check_num_layers(num_layers, workload.config().num_layers)
-    check_timeout(timeout_s)
-    for name, value, least in (("keep", keep, 1), ("budget", budget, 0),
-                               ("top_placements", top_placements, 1)):
-        if not is_whole(value, least):
-            raise AoizoraError(f"plan({name}={value!r}): must be a whole number >= {least}.")
-    if max_compiled is not None and not is_whole(max_compiled, 1):
-        raise AoizoraError(f"plan(max_compiled={max_compiled!r}): must be a whole number >= 1 "
-                           "(survivors to compile at most), or None to compile every one.")
-    if time_limit_s is not None:
-        check_time_limit(time_limit_s)
+    check_num_layers(options.num_layers, workload.config().num_layers)
+    keep, budget, top_placements = options.keep, options.budget, options.top_placements
+    num_layers, cache_dir, timeout_s = options.num_layers, options.cache_dir, options.timeout_s
+    systems, time_limit_s = options.systems, options.time_limit_s
     limit = None if time_limit_s is None else _TimeLimit(time_limit_s)
-    if isinstance(flags, str | CompilerFlags) or not flags:
-        raise AoizoraError(f"plan(flags={flags!r}): give a list of flag sets, e.g. "
-                           f"{list(SEARCHED_FLAGS)}.")
-    flag_sets = list({f.label: f for f in map(compiler_flags, flags)}.values())
+    flag_sets = list(options.flags)
+    compare = options.compare
     if compare is not None:  # a typo in your setup is refused before anything compiles
         compare = user_setup(compare, workload, topology)
-    if topology.source == "host devices":
+    if topology.source is DeviceSource.HOST:
         flag_sets = flag_sets[:1]
-    progress = tqdm(total=5, desc="plan", disable=quiet)
+    progress = tqdm(total=5, desc="plan", disable=options.quiet)
 
     def stage(name: str, detail: str) -> None:
         progress.set_postfix_str(name)
@@ -252,15 +222,14 @@ def plan(workload: Workload, topology: Topology, *, keep: int = 3, budget: int =
 
     space = explain_candidates(workload, topology)
     stage("candidates", f"{len(space.valid)} valid candidates; tracing their IR")
-    pruning = prune(space.valid, workload, topology, keep=keep, ir_cache_dir=ir_cache_dir,
-                    max_kept=max_compiled)
+    pruning = prune(space.valid, workload, topology, keep=keep,
+                    ir_cache_dir=options.ir_cache_dir, max_kept=options.max_compiled)
     if limit is not None:
         limit.traced(sum(d.estimate.trace_seconds for d in pruning if d.estimate is not None))
         # Everything that shapes what a time-limited plan starts: the same again reads back
         # what its first run started, and starts nothing else.
-        first_run = (workload, topology.name, topology.source, num_layers, tuple(flag_sets),
-                     keep, max_compiled, systems, compare, time_limit_s, budget,
-                     top_placements, tuple(c.name for c in pruning.kept))
+        first_run = (workload, topology.name, topology.source, options.key,
+                     tuple(c.name for c in pruning.kept))
         if is_memoized("time-limited-plan", first_run, code=__name__):
             limit.started = memoized("time-limited-plan", first_run, lambda: None,
                                      code=__name__)
@@ -321,21 +290,21 @@ def plan(workload: Workload, topology: Topology, *, keep: int = 3, budget: int =
             )
         known = {r.key: r for r in compiled}
         known.update((key, r) for key, r in from_setups.items()
-                     if key not in known or known[key].status == "unstarted")
+                     if key not in known or known[key].status is CompileStatus.UNSTARTED)
         # The existing systems' setups (and yours) are compiled before placement, so the
         # search places their programs too: the plan searches the space the systems run in.
         baselines, added = score_baselines(workload, topology, pruning, known, compile,
                                            setups=setups)
-        survivors = {r.key for r in compiled if r.status != "unstarted"}
+        survivors = {r.key for r in compiled if r.status is not CompileStatus.UNSTARTED}
         added = [*(r for key, r in from_setups.items() if key not in survivors), *added]
         if limit is not None and limit.started is None:
             memoized("time-limited-plan", first_run, lambda: frozenset(
-                r.key for r in [*compiled, *added] if r.status != "unstarted"),
+                r.key for r in [*compiled, *added] if r.status is not CompileStatus.UNSTARTED),
                 code=__name__)
     finally:
         if executor is None:
             pool.shutdown()
-    programs = [*compiled.ok, *(r for r in added if r.status == "ok")]
+    programs = [*compiled.ok, *(r for r in added if r.status is CompileStatus.OK)]
     stage("baselines", f"searching placements of {len(programs)} compiled programs")
     ranking = Ranking(entry for ranked in _rank_programs(programs, topology, budget,
                                                          top_placements, workload.name)
@@ -352,14 +321,6 @@ def plan(workload: Workload, topology: Topology, *, keep: int = 3, budget: int =
     return PlanResult(space, pruning, compiled, ranking,
                       Baselines(baselines, plan_s=best.predicted.total_s), Compiles(added),
                       searched, best, headline(best, baselines, programs), skipped)
-
-
-def check_time_limit(seconds: Any) -> None:
-    """Raise :class:`AoizoraError` unless ``seconds`` is a usable ``plan(time_limit_s=...)``."""
-    if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not (
-            0 < seconds < math.inf):
-        raise AoizoraError(f"plan(time_limit_s={seconds!r}): give a positive number of "
-                           "seconds (e.g. 300), or None for the full search.")
 
 
 class _TimeLimit:
@@ -412,8 +373,8 @@ class _TimeLimit:
             if (candidate.name, flags.label) in self.started:
                 return None
             return CompiledCandidate(
-                candidate, "unstarted", f"not compiled: the first run of this plan did not "
-                f"reach it within its {self.seconds:g} s time limit; raise the limit to "
+                candidate, CompileStatus.UNSTARTED, "not compiled: the first run of this plan did "
+                f"not reach it within its {self.seconds:g} s time limit; raise the limit to "
                 "compile it", 0.0, flags=flags)
         with self.lock:
             typical = sum(self.steps) / len(self.steps) if self.steps else 0.0
@@ -421,7 +382,7 @@ class _TimeLimit:
         if not typical or late <= 0:
             return None
         return CompiledCandidate(
-            candidate, "unstarted",
+            candidate, CompileStatus.UNSTARTED,
             f"not compiled: it would end about {late:.0f} s after the {self.seconds:g} s time "
             f"limit (a compile and its placement take {typical:.0f} s here); raise the limit "
             "to compile it", 0.0, flags=flags)
@@ -447,7 +408,7 @@ class _BestSoFar:
 
     def price(self, result: CompiledCandidate) -> Predicted | None:
         """``result``'s step in plain order (``None`` without a program), priced once."""
-        if result.status != "ok" or result.program is None:
+        if result.status is not CompileStatus.OK or result.program is None:
             return None
         with self.lock:
             known = self.prices.get(result.key)
@@ -550,7 +511,7 @@ def _compile_flag_sets(kept: list[Candidate], flag_sets: list[CompilerFlags],
         start = time.monotonic()
         result = queue.compile(candidate, flags)
         priced(result)  # the best so far, whatever the queue's progress hook is
-        if place is not None and result.status == "ok":
+        if place is not None and result.status is CompileStatus.OK:
             place(result)
         if limit is not None:
             if not result.cached:
@@ -575,7 +536,8 @@ def _compile_flag_sets(kept: list[Candidate], flag_sets: list[CompilerFlags],
                 continue
             with lock:
                 known = done.get((kept[i].name, flag_sets[j].label))  # a setup's compile
-            if j and first is not None and first.status == "unstarted" and known is None:
+            if (j and first is not None and first.status is CompileStatus.UNSTARTED
+                    and known is None):
                 # one whose first compile did not start gets no other
                 results[i, j] = dataclasses.replace(first, flags=flag_sets[j])
                 queue.skip()

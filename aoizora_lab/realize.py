@@ -35,7 +35,7 @@ from aoizora_lab.cost import Predicted, predict
 from aoizora_lab.errors import AoizoraError
 from aoizora_lab.placement import Placement
 from aoizora_lab.records import Records
-from aoizora_lab.topology import Topology
+from aoizora_lab.topology import DeviceSource, Topology
 from aoizora_lab.versions import memoized
 from aoizora_lab.workload import Workload
 
@@ -102,7 +102,7 @@ class Plan:
         from aoizora_lab.workload import lower_step
 
         lowered = lower_step(self.workload, self.parallel_plan(devices), **lower_options)
-        tpu = self.topology.source != "host devices"
+        tpu = self.topology.source is not DeviceSource.HOST
         return lowered.compile(compiler_options=(self.flags.options or None) if tpu else None)
 
     def compiled_program(self, num_layers: int | None = None, devices: Any = None

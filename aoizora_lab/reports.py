@@ -287,6 +287,9 @@ class NotebookRun:
     partial run)."""
     error: str | None = None
     """``ExceptionType: message`` of the failure, None when ok."""
+    cold_cache: bool | None = None
+    """Whether the compile cache held no compile when it started (its time is then a cold
+    run's); ``None`` for runs recorded before this was."""
 
 
 @dataclass(frozen=True)
@@ -343,6 +346,7 @@ def run_reports(specs: Sequence[ReportSpec], notebooks_dir: str | Path, out_dir:
     jobs = [(spec, path, names) for spec, declared in plan for path, names in declared.items()]
     earlier = _earlier_seconds(out_dir)
     say = _Progress(len(jobs), earlier, enabled=progress)
+    cold = compile_cache_is_cold()
     runs: list[NotebookRun] = []
     # The kernels inherit this setting: their compiles and plan stages write progress lines,
     # which the runner forwards to this terminal and leaves out of the pages.
@@ -351,21 +355,34 @@ def run_reports(specs: Sequence[ReportSpec], notebooks_dir: str | Path, out_dir:
             folder = out_dir / spec.name
             folder.mkdir(parents=True, exist_ok=True)
             parameters = {k: v for k, v in spec.parameters.items() if k in names}
-            say.start(i, spec.name, path.stem, [(s.name, p.stem) for s, p, _ in jobs[i:]])
+            say.start(i, spec.name, path.stem, [(s.name, p.stem) for s, p, _ in jobs[i:]],
+                      cold=cold)
             run = _run_notebook(spec.name, path, parameters, folder, kernel_name=kernel_name,
-                                stderr=say if progress else None)
+                                stderr=say if progress else None, cold_cache=cold)
+            cold = cold and compile_cache_is_cold()
             say.finish(run)
             runs.append(run)
     return ReportsResult(runs=tuple(runs))
 
 
+def compile_cache_is_cold() -> bool:
+    """Whether the default compile cache holds no compile yet (a fresh machine's first run)."""
+    from aoizora_lab.compile import default_cache_dir
+
+    try:
+        return not any(not p.name.startswith(".") for p in default_cache_dir().iterdir())
+    except OSError:  # no cache folder yet
+        return True
+
+
 class _Progress:
     """The runner's progress lines: which notebook of which report, how long it took last
-    time, roughly how long is left (from the runs recorded in ``index.json``), and the
+    time, roughly how long is left (from the runs recorded in ``index.json`` with a cache as
+    cold or warm as this one: a warm run's minutes say nothing of a cold one's), and the
     kernels' own progress lines (:mod:`aoizora_lab.progress`) as they come."""
 
-    def __init__(self, total: int, earlier: Mapping[tuple[str, str], float], *,
-                 enabled: bool) -> None:
+    def __init__(self, total: int, earlier: Mapping[tuple[str, str], tuple[float, bool | None]],
+                 *, enabled: bool) -> None:
         self.total, self.earlier, self.enabled = total, earlier, enabled
         self.began = time.perf_counter()
 
@@ -374,16 +391,22 @@ class _Progress:
             print(text, file=sys.stderr, flush=True)
 
     def start(self, index: int, report: str, notebook: str,
-              remaining: Sequence[tuple[str, str]]) -> None:
-        """``remaining``: this notebook and those after it."""
+              remaining: Sequence[tuple[str, str]], *, cold: bool) -> None:
+        """``remaining``: this notebook and those after it; ``cold``: the compile cache is
+        empty now."""
+        state = "cold" if cold else "warm"
+        alike = {k: s for k, (s, was_cold) in self.earlier.items() if was_cold is cold}
         facts = []
-        if (report, notebook) in self.earlier:
-            facts.append(f"last time {duration(self.earlier[report, notebook])}")
-        known = [self.earlier[r] for r in remaining if r in self.earlier]
+        if (report, notebook) in alike:
+            facts.append(f"last time {duration(alike[report, notebook])}")
+        elif (report, notebook) in self.earlier:
+            facts.append(f"no time recorded with a {state} cache")
+        known = [alike[r] for r in remaining if r in alike]
         if known:
             unknown = len(remaining) - len(known)
             facts.append(f"about {duration(sum(known))} left" if not unknown else
-                         f"over {duration(sum(known))} left ({unknown} never run here)")
+                         f"over {duration(sum(known))} left ({unknown} never run here with a "
+                         f"{state} cache)")
         self._line(f"[{index + 1}/{self.total}] {report} / {notebook}: running"
                    + (f" ({'; '.join(facts)})" if facts else ""))
 
@@ -402,10 +425,12 @@ class _Progress:
         sys.stderr.flush()
 
 
-def _earlier_seconds(out_dir: Path) -> dict[tuple[str, str], float]:
-    """Wall time of each (report, notebook) the last time it ran into ``out_dir``."""
+def _earlier_seconds(out_dir: Path) -> dict[tuple[str, str], tuple[float, bool | None]]:
+    """Wall time of each (report, notebook) the last time it ran into ``out_dir``, and whether
+    its compile cache was cold then (``None``: not recorded)."""
     try:
-        return {(str(e["report"]), str(e["notebook"])): float(e["seconds"])
+        return {(str(e["report"]), str(e["notebook"])): (float(e["seconds"]),
+                                                         e.get("cold_cache"))
                 for e in _recorded(out_dir)}
     except (ValueError, TypeError, KeyError):
         return {}
@@ -468,7 +493,8 @@ def _notebook_css() -> str:
 
 
 def _run_notebook(report: str, source: Path, parameters: dict[str, Any], folder: Path, *,
-                  kernel_name: str | None, stderr: Any = None) -> NotebookRun:
+                  kernel_name: str | None, stderr: Any = None,
+                  cold_cache: bool | None = None) -> NotebookRun:
     import papermill
     from papermill.exceptions import PapermillExecutionError
 
@@ -503,7 +529,7 @@ def _run_notebook(report: str, source: Path, parameters: dict[str, Any], folder:
         report=report, notebook=source.stem, parameters=parameters,
         status="failed" if error else "ok", seconds=seconds,
         executed=executed if executed.exists() else None, page=written, records=records,
-        error=error)
+        error=error, cold_cache=cold_cache)
 
 
 @functools.cache
@@ -702,7 +728,8 @@ def _run_record(run: NotebookRun, out_dir: Path) -> dict[str, Any]:
 
     return {"report": run.report, "notebook": run.notebook, "parameters": dict(run.parameters),
             "status": run.status, "seconds": run.seconds, "executed": relative(run.executed),
-            "page": relative(run.page), "records": dict(run.records), "error": run.error}
+            "page": relative(run.page), "records": dict(run.records), "error": run.error,
+            "cold_cache": run.cold_cache}
 
 
 def _recorded_run(entry: dict[str, Any], out_dir: Path) -> NotebookRun:
@@ -713,7 +740,7 @@ def _recorded_run(entry: dict[str, Any], out_dir: Path) -> NotebookRun:
                        parameters=dict(entry["parameters"]), status=entry["status"],
                        seconds=float(entry["seconds"]), executed=absolute(entry["executed"]),
                        page=absolute(entry["page"]), records=dict(entry["records"]),
-                       error=entry.get("error"))
+                       error=entry.get("error"), cold_cache=entry.get("cold_cache"))
 
 
 def _index_row(run: NotebookRun, out_dir: Path) -> str:

@@ -34,6 +34,7 @@ wraparound link (0, 0) -> (15, 0)) and then 3 hops the + way along y: 10 hops.
 
 from __future__ import annotations
 
+import enum
 import functools
 import hashlib
 import itertools
@@ -69,6 +70,20 @@ TORUS_NDIM = {"v4": 3, "v5e": 2, "v5p": 3, "v6e": 2, "tpu7x": 3}
 DEVICES_PER_CHIP = {"v4": 2, "tpu7x": 2}
 _DEVICE_KINDS = {"TPU v4": "v4", "TPU v5 lite": "v5e", "TPU v5e": "v5e", "TPU v5": "v5p",
                  "TPU v5p": "v5p", "TPU v6 lite": "v6e", "TPU v6e": "v6e", "TPU7x": "tpu7x"}
+
+
+class DeviceSource(enum.StrEnum):
+    """Where a :class:`Topology`'s devices come from. A ``str``, so a compile job's JSON holds
+    the plain word."""
+
+    DEVICELESS = "libtpu deviceless"
+    """libtpu's compile-only devices (``get_topology_desc``): real coordinates, no chips."""
+    LIVE = "live"
+    """The TPU devices of this process (a TPU VM)."""
+    HOST = "host devices"
+    """CPU host devices standing in for a slice (``--xla_force_host_platform_device_count``)."""
+    SIMULATED = "simulated"
+    """Coordinates only, no devices: nothing compiles for it."""
 
 
 class Link(NamedTuple):
@@ -194,8 +209,8 @@ class Topology:
     """``int`` array ``[num_devices, ndim]``: row *i* is the chip position of device *i*."""
     devices: tuple[Any, ...] | None = None
     """Live or deviceless jax devices in the order of ``coords``, or ``None`` if simulated."""
-    source: str = "simulated"
-    """``"libtpu deviceless"``, ``"live"``, ``"host devices"`` or ``"simulated"``."""
+    source: DeviceSource = DeviceSource.SIMULATED
+    """Where its devices come from (a plain word is read as its :class:`DeviceSource`)."""
     note: str = ""
     """Why the slice is simulated, or other facts a reader should know."""
 
@@ -229,6 +244,11 @@ class Topology:
         object.__setattr__(self, "wrap", wrap)
         object.__setattr__(self, "coords", coords)
         object.__setattr__(self, "generation", check_generation(self.generation))
+        try:
+            object.__setattr__(self, "source", DeviceSource(self.source))
+        except ValueError:
+            raise AoizoraError(f"Topology source {self.source!r}: one of "
+                               f"{[s.value for s in DeviceSource]}.") from None
         if self.devices is not None:
             object.__setattr__(self, "devices", tuple(self.devices))
 
@@ -255,7 +275,7 @@ class Topology:
                     ) from err
                 return cls.simulated(shape, generation=generation, note=(
                     f"simulated: libtpu gave no deviceless devices for {canonical} ({err})"))
-            topo = cls.from_devices(devices, source="libtpu deviceless")
+            topo = cls.from_devices(devices, source=DeviceSource.DEVICELESS)
             if topo.shape != shape or topo.generation != generation:
                 raise AoizoraError(
                     f"libtpu described {canonical!r} as {topo.name!r}; this is a bug in the "
@@ -297,11 +317,12 @@ class Topology:
         wrap = default_wrap(generation, shape) if wrap is None else tuple(wrap)
         return cls(generation=generation, shape=shape, wrap=wrap, coords=coords,
                    devices=None if devices is None else tuple(devices),
-                   source="host devices" if devices is not None else "simulated",
+                   source=DeviceSource.HOST if devices is not None else DeviceSource.SIMULATED,
                    note=note or "simulated slice: coordinates only, nothing compiles for it")
 
     @classmethod
-    def from_devices(cls, devices: Iterable[Any], *, source: str = "live") -> Topology:
+    def from_devices(cls, devices: Iterable[Any], *,
+                     source: DeviceSource | str = DeviceSource.LIVE) -> Topology:
         """The slice formed by TPU ``devices`` (``jax.devices()`` on a TPU VM), from ``.coords``."""
         devices = tuple(devices)
         if not devices or not all(hasattr(d, "coords") for d in devices):
@@ -322,7 +343,7 @@ class Topology:
         shape = tuple(int(n) for n in coords.max(axis=0) + 1)
         return cls(generation=generation, shape=shape, wrap=default_wrap(generation, shape),
                    coords=coords, devices=devices, source=source,
-                   note="" if source != "live" else "live TPU devices")
+                   note="" if source != DeviceSource.LIVE else "live TPU devices")
 
     # ----------------------------------------------------------------- other processes
 
@@ -331,10 +352,10 @@ class Topology:
         """Whether the slice pickles, so a worker process can have it: a deviceless one is
         rebuilt there by name (libtpu describes it again), a simulated one travels as is;
         live and CPU host devices belong to this process."""
-        return self.source == "libtpu deviceless" or self.devices is None
+        return self.source is DeviceSource.DEVICELESS or self.devices is None
 
     def __reduce_ex__(self, protocol: Any) -> Any:
-        if self.source == "libtpu deviceless":
+        if self.source is DeviceSource.DEVICELESS:
             return (_deviceless_slice, (self.name,))
         # Through the constructor, so the checks run and the positions stay read-only.
         return (Topology, (self.generation, self.shape, self.wrap, self.coords, self.devices,

@@ -56,8 +56,7 @@ from aoizora_lab.planner import plan
 
 inputs = notebook_inputs(case=case, layers=layers, budget=budget)
 workload, slice_ = inputs.workload, inputs.topology
-result = plan(workload, slice_, num_layers=inputs.layers, budget=inputs.budget,
-              compare=compare or None)
+result = plan(workload, slice_, inputs.options.replace(compare=compare or None))
 best = result.best
 display(Markdown(
     f"**Best plan:** `{best.candidate.name}` with `{best.flags.label}` compiler flags, placed "

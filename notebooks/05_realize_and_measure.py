@@ -47,7 +47,7 @@ from aoizora_lab.topology import Topology
 
 inputs = notebook_inputs(case=case, layers=layers, budget=budget)
 workload, slice_ = inputs.workload, inputs.topology
-result = plan(workload, slice_, num_layers=inputs.layers, budget=inputs.budget)
+result = plan(workload, slice_, inputs.options)
 best = result.best
 mesh = best.mesh()
 display(Markdown(f"**{best.candidate.name}** on {slice_.name}: mesh axes "

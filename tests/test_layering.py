@@ -31,6 +31,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("compile", "compile_worker"),
     ("placement", "flow_kernels"),
     ("realize",),
+    ("options",),
     ("baselines",),
     ("planner",),
     # on top of the pipeline

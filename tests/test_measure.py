@@ -17,6 +17,7 @@ from aoizora_lab.candidates import Candidate
 from aoizora_lab.cost import Predicted
 from aoizora_lab.hlo import parse_hlo
 from aoizora_lab.measure.microbench import _probe_program, _split_grid
+from aoizora_lab.options import PlanOptions
 from aoizora_lab.placement import Placement
 from aoizora_lab.planner import plan
 from aoizora_lab.realize import Plan
@@ -32,7 +33,7 @@ def host_slice():
 @pytest.fixture(scope="module")
 def planned(host_slice):
     # The session's cache: test_planner plans the same workload and slice.
-    return plan(WORKLOAD, host_slice, budget=400)
+    return plan(WORKLOAD, host_slice, PlanOptions(budget=400))
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,7 @@ def test_a_plan_moves_between_device_numberings_by_chip_coordinates(tmp_path, sl
     saved_on = az.Topology.from_name(slice_name, deviceless=True)
     # The same slice with its devices numbered backwards (a VM may number them any way).
     renumbered = dataclasses.replace(saved_on, coords=saved_on.coords[::-1], devices=None,
-                                     source="renumbered")
+                                     source=az.topology.DeviceSource.SIMULATED)
     assert renumbered.name == saved_on.name
     slots_a, slots_b = device_slots(saved_on), device_slots(renumbered)
     # The two slices number their devices differently (else this proves nothing).

@@ -11,6 +11,7 @@ from aoizora_lab.baselines import SYSTEMS, USER, Status
 from aoizora_lab.hlo import parse_hlo
 from aoizora_lab.models.parallel import ParallelPlan
 from aoizora_lab.models.wan import init_params
+from aoizora_lab.options import PlanOptions
 from aoizora_lab.placement import Placement, Source
 from aoizora_lab.planner import plan
 from aoizora_lab.realize import Plan
@@ -20,12 +21,13 @@ from aoizora_lab.realize import Plan
 def planned():
     # The session's cache: test_measure plans the same workload and slice and reads these.
     topology = az.Topology.simulated((2, 4), devices=jax.devices()[:8])
-    return plan(WORKLOAD, topology, budget=400)
+    return plan(WORKLOAD, topology, PlanOptions(budget=400))
 
 
 @pytest.mark.slow  # the planned fixture compiles in child processes
 def test_a_quick_plan_compiles_the_best_estimates_only_and_no_system(planned):
-    quick = plan(WORKLOAD, planned.best.topology, budget=400, max_compiled=2, systems=False)
+    quick = plan(WORKLOAD, planned.best.topology,
+                 PlanOptions(budget=400, max_compiled=2, systems=False))
     assert quick.pruning.kept == planned.pruning.kept[:2]
     assert {r.candidate.name for r in quick.compiled} == {c.name for c in quick.pruning.kept}
     assert not list(quick.baselines) and not list(quick.baseline_compiles)
@@ -33,7 +35,7 @@ def test_a_quick_plan_compiles_the_best_estimates_only_and_no_system(planned):
     # The best of fewer programs, placed by the same (deterministic) search.
     assert quick.best.predicted.total_s >= planned.searched.predicted.total_s - 1e-12
     with pytest.raises(az.AoizoraError, match="max_compiled=0"):
-        plan(WORKLOAD, planned.best.topology, max_compiled=0)
+        PlanOptions(max_compiled=0)
 
 
 @pytest.mark.slow  # the planned fixture compiles in child processes
@@ -42,11 +44,12 @@ def test_a_time_limited_plan_compiles_its_first_round_and_names_what_it_left(pla
     import concurrent.futures as cf
 
     topology = planned.best.topology
+    limited = PlanOptions(budget=400, time_limit_s=1e-3, cache_dir=tmp_path,
+                          compare="--ulysses_size 2 --ring_size 4")
     # Over before compiling; an empty compile cache, so the first compile takes time; one
     # compile at a time, so the first round is the best estimate alone.
     with cf.ThreadPoolExecutor(1) as one:
-        timed = plan(WORKLOAD, topology, budget=400, time_limit_s=1e-3, cache_dir=tmp_path,
-                     executor=one, compare="--ulysses_size 2 --ring_size 4")
+        timed = plan(WORKLOAD, topology, limited, executor=one)
     started = [r.candidate for r in timed.compiled if r.status != "unstarted"]
     left = [r for r in timed.compiled if r.status == "unstarted"]
     assert started == timed.pruning.kept[:1]  # a plan needs a program
@@ -74,21 +77,20 @@ def test_a_time_limited_plan_compiles_its_first_round_and_names_what_it_left(pla
     # Again on the cache it filled: what the first run started is read back and nothing
     # else starts, so the same compiles, none of them fresh, and the same answer at once.
     with cf.ThreadPoolExecutor(1) as one:
-        again = plan(WORKLOAD, topology, budget=400, time_limit_s=1e-3, cache_dir=tmp_path,
-                     executor=one, compare="--ulysses_size 2 --ring_size 4")
+        again = plan(WORKLOAD, topology, limited, executor=one)
     assert ([(r.key, r.status) for r in again.compiled]
             == [(r.key, r.status) for r in timed.compiled])
     assert all(r.cached if r.status != "unstarted" else "first run of this plan" in r.message
                for r in [*again.compiled, *again.baseline_compiles])
     assert again.best.predicted.total_s == timed.best.predicted.total_s
     # A full search's compiles (the fixture's, in the default cache) are read past any limit.
-    read = plan(WORKLOAD, topology, budget=400, time_limit_s=1e-3)
+    read = plan(WORKLOAD, topology, PlanOptions(budget=400, time_limit_s=1e-3))
     assert [r.key for r in read.compiled] == [r.key for r in planned.compiled]
     assert all(r.cached for r in read.compiled) and not read.headline.partial
     assert read.best.predicted.total_s == pytest.approx(planned.best.predicted.total_s)
     for bad in (0, -5, float("nan"), True):
         with pytest.raises(az.AoizoraError, match="time_limit_s="):
-            plan(WORKLOAD, topology, time_limit_s=bad)
+            PlanOptions(time_limit_s=bad)
 
 
 @pytest.mark.slow  # the planned fixture compiles in child processes

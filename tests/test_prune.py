@@ -103,6 +103,7 @@ def test_a_compile_budget_keeps_the_best_estimates_only(swept):
 def test_when_every_trace_fails_the_table_is_whole_and_plan_says_why(monkeypatch):
     import jax
 
+    from aoizora_lab.options import PlanOptions
     from aoizora_lab.planner import plan
     from aoizora_lab.prune import PRUNING_COLUMNS
 
@@ -120,7 +121,7 @@ def test_when_every_trace_fails_the_table_is_whole_and_plan_says_why(monkeypatch
     assert {d.verdict for d in pruning} == {Verdict.TRACE_FAILED}
     assert (table["reason"] == "trace failed: RuntimeError: boom").all()
     with pytest.raises(az.AoizoraError, match=r"survived pruning: .*trace failed: RuntimeError"):
-        plan(workload, host, ir_cache_dir=False)
+        plan(workload, host, PlanOptions(ir_cache_dir=False))
 
 
 # -- each rule at its boundary, with synthetic estimates (no tracing)

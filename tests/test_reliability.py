@@ -520,20 +520,27 @@ def test_cli_bad_plan_arguments_exit_2_with_one_line(capsys, tmp_path):
 
 def test_cli_plans_within_the_default_time_limit_unless_told(monkeypatch):
     from aoizora_lab import planner
+    from aoizora_lab.options import INTERACTIVE, INTERACTIVE_TIME_LIMIT_S
 
     asked = []
 
-    def stop(*args, **kwargs):  # what the command asks plan() for, then out
-        asked.append(kwargs)
+    from aoizora_lab.progress import enabled
+
+    def stop(workload, topology, options):  # what the command asks plan() for, then out
+        asked.append((options, enabled()))
         raise AoizoraError("stub")
 
     monkeypatch.setattr(planner, "plan", stop)
     case = "wan2.1-t2v-1.3b@832x480x81/v5e:2x4"
-    for argv in ([], ["--full"], ["--time-limit", "60"], ["--no-systems"]):
+    for argv in ([], ["--full"], ["--time-limit", "60"], ["--no-systems"], ["--quiet"]):
         assert main(["plan", case, *argv]) == 2
-    assert [(a["time_limit_s"], a["systems"]) for a in asked] == [
-        (planner.PLAN_TIME_LIMIT_S, True), (None, True), (60, True),
-        (planner.PLAN_TIME_LIMIT_S, False)]
+    assert [(a.time_limit_s, a.systems) for a, _ in asked] == [
+        (INTERACTIVE.time_limit_s, True), (None, True), (60, True),
+        (INTERACTIVE.time_limit_s, False), (INTERACTIVE.time_limit_s, True)]
+    # Each compile's line as it finishes, unless --quiet; the environment is left as it was.
+    assert [lines for _, lines in asked] == [True, True, True, True, False]
+    assert not enabled()
+    assert INTERACTIVE.time_limit_s == INTERACTIVE_TIME_LIMIT_S > 0
 
 
 @pytest.mark.parametrize(("case", "fragments"), [
@@ -613,6 +620,7 @@ PLAN_SCRIPT = textwrap.dedent("""
     from pathlib import Path
     import aoizora_lab as az
     import aoizora_lab.planner as planner
+    from aoizora_lab.options import PlanOptions
 
     cache, out = Path(sys.argv[1]), Path(sys.argv[2])
     model = az.WanConfig(dim=128, ffn_dim=256, num_heads=2, num_layers=2, text_dim=32,
@@ -620,8 +628,9 @@ PLAN_SCRIPT = textwrap.dedent("""
     workload = az.Workload(model=model, height=32, width=32, frames=5, text_len=8)
     topology = az.Topology.from_name("v5e:2x2", deviceless=True)
     # One flag set: a second would only repeat each compile (the kill needs some compiles).
-    result = planner.plan(workload, topology, keep=2, budget=200, flags=["default"],
-                          cache_dir=cache / "compile", ir_cache_dir=cache / "ir")
+    result = planner.plan(workload, topology, PlanOptions(
+        keep=2, budget=200, flags=["default"], cache_dir=cache / "compile",
+        ir_cache_dir=cache / "ir"))
     best = result.best
     out.write_text(json.dumps({
         "candidate": best.candidate.name, "order": list(best.placement.order),

@@ -370,8 +370,12 @@ def test_cli_runs_the_matrix_and_exits_with_the_number_of_failures(tmp_path, mon
 @pytest.mark.slow
 def test_the_runner_says_what_runs_forwards_kernel_progress_and_estimates_time_left(
         tmp_path, capsys):
+    from aoizora_lab.versions import cache_root_at
+
     spec = [ReportSpec("r", ("heatmap",), {"rows": 2, "cols": 5})]
-    write_index(run_reports(spec, DATA, tmp_path), tmp_path)
+    cache = tmp_path / "cache"  # empty: every run below starts cold until one compile is kept
+    with cache_root_at(cache):
+        write_index(run_reports(spec, DATA, tmp_path), tmp_path)
     first = capsys.readouterr().err
     assert "[1/1] r / heatmap: running\n" in first  # never run here: nothing to estimate from
     assert "    heatmap of 10 cells drawn" in first  # the kernel's line, forwarded
@@ -379,9 +383,17 @@ def test_the_runner_says_what_runs_forwards_kernel_progress_and_estimates_time_l
     page = (tmp_path / "r" / "heatmap.html").read_text()
     assert "cells drawn" not in page and MARKER not in page
     assert "cells drawn" in (tmp_path / "r" / "heatmap.ipynb").read_text()
-    run_reports(spec, DATA, tmp_path)
+    with cache_root_at(cache):
+        write_index(run_reports(spec, DATA, tmp_path), tmp_path)
     assert re.search(r"\[1/1\] r / heatmap: running \(last time \d+ s; about \d+ s left\)",
                      capsys.readouterr().err)
+    # A cold run's minutes are no estimate for a warm one (nor the reverse).
+    (cache / "compile" / "an-entry").mkdir(parents=True)
+    with cache_root_at(cache):
+        run_reports(spec, DATA, tmp_path)
+    warm = capsys.readouterr().err
+    assert "r / heatmap: running (no time recorded with a warm cache)" in warm, warm
+    assert "left" not in warm.splitlines()[0]
     run_reports(spec, DATA, tmp_path / "quiet", progress=False)
     assert capsys.readouterr().err == ""
 

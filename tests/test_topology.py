@@ -213,3 +213,15 @@ def test_portable_slices_pickle_and_rebuild_with_the_same_key():
     assert not pickle.loads(pickle.dumps(simulated)).coords.flags.writeable
     host = az.Topology.simulated((2, 4), devices=jax.devices()[:8])
     assert not host.portable
+
+
+def test_where_a_slice_comes_from_is_one_of_four_states():
+    import dataclasses
+
+    from aoizora_lab.topology import DeviceSource
+
+    simulated = az.Topology.simulated((2, 4))
+    assert simulated.source is DeviceSource.SIMULATED
+    assert dataclasses.replace(simulated, source="host devices").source is DeviceSource.HOST
+    with pytest.raises(az.AoizoraError, match="'renumbered': one of"):
+        dataclasses.replace(simulated, source="renumbered")

@@ -18,7 +18,7 @@ One module per benchmark, each with its matrix, its targets and its section of t
   exhaustive search (every valid candidate compiled and placed): top-1, regret, and how well
   the IR estimate orders the candidates;
 - :mod:`~aoizora_lab.bench.quick` — :func:`quick_plans`: plans with a compile budget
-  (``plan(max_compiled=k, systems=False)``) or a time limit (``plan(time_limit_s=t)``)
+  (``PlanOptions(max_compiled=k, systems=False)``) or a time limit (``PlanOptions(time_limit_s=t)``)
   against the full search: regret and cold time;
 - :mod:`~aoizora_lab.bench.throughput` — :func:`placement_throughput`: placements scored per
   second on Wan-sized programs;

@@ -48,6 +48,7 @@ from aoizora_lab.comm_model import (
     order_algorithm,
 )
 from aoizora_lab.placement import (
+    LibraryRefuses,
     Placement,
     block_ring,
     create_device_mesh_order,
@@ -452,12 +453,13 @@ def plan_rows(cases: Sequence[Any], *, num_layers: int | None = 2, budget: int =
     under the default (collectives, and their share of the communication in plain order)."""
     from aoizora_lab.bench.report import case_row
     from aoizora_lab.cost import predict
+    from aoizora_lab.options import FULL_SEARCH
     from aoizora_lab.placement import rank_placements
     from aoizora_lab.planner import plan
 
     def measure(workload: Any, topology: Topology) -> dict[str, Any]:
-        best = plan(workload, topology, num_layers=num_layers, budget=budget,
-                    cache_dir=cache_dir).best
+        best = plan(workload, topology, FULL_SEARCH.replace(
+            num_layers=num_layers, budget=budget, cache_dir=cache_dir)).best
         program, candidate = best.program, best.candidate
         default = ModelOptions()
         follows = [c for c in program.collectives
@@ -472,7 +474,7 @@ def plan_rows(cases: Sequence[Any], *, num_layers: int | None = 2, budget: int =
         try:
             library = create_device_mesh_order(candidate.mesh_shape, topology,
                                                allow_split=False)
-        except (ValueError, NotImplementedError, AssertionError):
+        except LibraryRefuses:
             library = None
         for model in ORDER_MODELS:
             options = ModelOptions(order=model)

@@ -322,11 +322,12 @@ def _quality_row(workload: Workload, topology: Topology, *, num_layers: int | No
                  ) -> dict[str, Any]:
     from aoizora_lab.cost import roofline_seconds
     from aoizora_lab.hardware import chip_spec
+    from aoizora_lab.options import FULL_SEARCH
     from aoizora_lab.planner import plan
 
     start = time.perf_counter()
-    result = plan(workload, topology, budget=budget, num_layers=num_layers,
-                  cache_dir=cache_dir, timeout_s=timeout_s)
+    result = plan(workload, topology, FULL_SEARCH.replace(
+        budget=budget, num_layers=num_layers, cache_dir=cache_dir, timeout_s=timeout_s))
     wall = time.perf_counter() - start
     best, head = result.best, result.headline
     plan_s = best.predicted.total_s

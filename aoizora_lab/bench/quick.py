@@ -1,16 +1,16 @@
 """Quick plans: what a compile budget buys and loses against the full search.
 
 :func:`quick_plans` plans each case in full (the compile cache as it is: warm after the
-search-cost benchmark), then again with ``plan(max_compiled=k, systems=False)`` for k = 1,
+search-cost benchmark), then again with ``PlanOptions(max_compiled=k, systems=False)`` for k = 1,
 2, ...: the IR's best k survivors, each with the flag sets worth it, and no existing
 system's setup. Each row is that plan, its regret against the full search's plan and its
 compiles. A cold quick plan (an empty cache) is timed for the smallest k that found the full
 search's plan and for the k before it: the budget a user would have needed, known only
 afterwards (the IR ties on compute-bound cases, so no rule picks k in advance), and what
-one less would have lost. Then ``plan(time_limit_s=t)`` (the systems' setups sharing the
+one less would have lost. Then ``PlanOptions(time_limit_s=t)`` (the systems' setups sharing the
 limit) from an empty cache for each t of ``time_limits``, and again on the caches it
 filled: the budget a user does know in advance, their patience (the command line's default,
-:data:`~aoizora_lab.planner.PLAN_TIME_LIMIT_S`).
+:data:`~aoizora_lab.options.INTERACTIVE_TIME_LIMIT_S`).
 
 Example (14B@720p on ``v5e:4x4``): the IR's best four are ``cfg2-uly2-ctx4-*`` and
 ``cfg2-uly2-ring2-ctx2-*``, 6 % slower once compiled; the fifth, ``cfg2-uly8-fsdp``, is
@@ -35,15 +35,16 @@ from aoizora_lab.bench.search import (
     WARM_TARGET_S,
 )
 from aoizora_lab.cases import Case
+from aoizora_lab.compile import CompileStatus
 from aoizora_lab.errors import AoizoraError
-from aoizora_lab.planner import PLAN_TIME_LIMIT_S
+from aoizora_lab.options import INTERACTIVE_TIME_LIMIT_S
 from aoizora_lab.topology import Topology
 from aoizora_lab.versions import cache_root_at
 from aoizora_lab.workload import Workload
 
 QUICK_PLAN_MAX = 8
 """Largest compile budget k tried (fewer where pruning keeps fewer)."""
-TIME_LIMITS: tuple[float, ...] = (PLAN_TIME_LIMIT_S,)
+TIME_LIMITS: tuple[float, ...] = (INTERACTIVE_TIME_LIMIT_S,)
 """Time limits tried from an empty cache: ``aoizora-lab plan``'s default, the cold-plan
 target (5 minutes)."""
 
@@ -90,7 +91,7 @@ class QuickPlans:
         """The section of the benchmark report."""
         return "\n\n".join([
             "## Quick plans",
-            "`plan(max_compiled=k, systems=False)` (`aoizora-lab plan CASE --max-compiled k "
+            "`PlanOptions(max_compiled=k, systems=False)` (`aoizora-lab plan CASE --max-compiled k "
             "--no-systems`): only the IR's best k survivors compiled, each with the flag sets "
             "worth it, and no existing system's setup, against the full search on the same "
             "case (its plan, `full_compiles`: survivors x flag sets plus the systems' setups, "
@@ -110,7 +111,7 @@ class QuickPlans:
         if self.timed.empty:
             return []
         return [
-            "`plan(time_limit_s=t)` (`aoizora-lab plan CASE --time-limit t`) from an empty "
+            "`PlanOptions(time_limit_s=t)` (`aoizora-lab plan CASE --time-limit t`) from an empty "
             "cache: survivors compile best IR estimate first, each with its further flag "
             "sets before the next ones, each system's best-estimate setup right after the "
             "first survivor and its others among the survivors by estimate, and none starts "
@@ -133,7 +134,7 @@ def quick_plans(cases: Iterable[Case | str] = SEARCH_COST_MATRIX, *,
                 progress: Callable[[str], None] | None = None) -> QuickPlans:
     """The full search, quick plans for k = 1..``max_k`` and time-limited plans for each of
     ``time_limits`` on each case (module docstring)."""
-    from aoizora_lab.planner import check_time_limit
+    from aoizora_lab.options import check_time_limit
 
     try:  # before the full search's minutes
         for limit in time_limits:
@@ -170,11 +171,13 @@ def _measure(workload: Workload, topology: Topology, *, num_layers: int | None, 
              ) -> tuple[dict[str, Any], list[dict[str, Any]], list[dict[str, Any]]]:
     import jax
 
+    from aoizora_lab.options import FULL_SEARCH
     from aoizora_lab.planner import plan
 
     def run(**options: Any) -> tuple[Any, float]:
         start = time.perf_counter()
-        result = plan(workload, topology, budget=budget, num_layers=num_layers, **options)
+        result = plan(workload, topology, FULL_SEARCH.replace(
+            budget=budget, num_layers=num_layers, **options))
         return result, time.perf_counter() - start
 
     def cold(again: bool = False, **options: Any) -> tuple[Any, float, float]:
@@ -229,8 +232,9 @@ def _measure(workload: Workload, topology: Topology, *, num_layers: int | None, 
                         "candidate": timed.best.candidate.name,
                         "flags": timed.best.flags.label, "plan_s": step,
                         "regret_percent": 100.0 * (step / full_s_step - 1),
-                        "compiled": sum(r.status != "unstarted" for r in started),
-                        "unstarted": sum(r.status == "unstarted" for r in started),
+                        "compiled": sum(r.status is not CompileStatus.UNSTARTED
+                                        for r in started),
+                        "unstarted": sum(r.status is CompileStatus.UNSTARTED for r in started),
                         "vs_best_system": timed.headline.vs_existing,
                         "systems_partial": ", ".join(timed.headline.partial) or "none",
                         "cold_s": wall_s, "warm_s": warm_s})

@@ -32,7 +32,7 @@ from aoizora_lab.bench.report import (
     met,
 )
 from aoizora_lab.cases import Case
-from aoizora_lab.compile import default_cache_dir, merge_cache
+from aoizora_lab.compile import CompileStatus, default_cache_dir, merge_cache
 from aoizora_lab.topology import Topology
 from aoizora_lab.versions import cache_root_at
 from aoizora_lab.workload import Workload
@@ -178,13 +178,15 @@ def _search_row(workload: Workload, topology: Topology, cache: str, kept: Path, 
     (compiles in ``kept``, the compile cache, with the cold run's)."""
     import jax
 
+    from aoizora_lab.options import FULL_SEARCH
     from aoizora_lab.planner import plan
     from aoizora_lab.prune import Verdict
 
     def run() -> tuple[Any, float]:
         start = time.perf_counter()
-        result = plan(workload, topology, budget=budget, num_layers=num_layers,
-                      cache_dir=cache, ir_cache_dir=Path(cache) / "ir", timeout_s=timeout_s)
+        result = plan(workload, topology, FULL_SEARCH.replace(
+            budget=budget, num_layers=num_layers, cache_dir=cache,
+            ir_cache_dir=Path(cache) / "ir", timeout_s=timeout_s))
         return result, time.perf_counter() - start
 
     if progress:
@@ -248,7 +250,7 @@ def _exhaustive(workload: Workload, topology: Topology, result: Any, cache: Path
                                  else math.nan),
                "kept": decision.verdict.keep, "status": r.status,
                "compile_s": r.compile_seconds, "best_total_s": math.nan, "placement": ""}
-        if r.status == "ok":
+        if r.status is CompileStatus.OK:
             try:  # placed exactly as the planner places its survivors
                 top = rank_placements(r.program, r.candidate, topology, budget=budget,
                                       flags=r.flags)[0]

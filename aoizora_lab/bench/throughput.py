@@ -20,6 +20,7 @@ import pandas as pd
 
 from aoizora_lab.bench.report import case_row, markdown_table
 from aoizora_lab.cases import Case
+from aoizora_lab.compile import CompileStatus
 from aoizora_lab.topology import Topology
 from aoizora_lab.workload import Workload
 
@@ -74,7 +75,7 @@ def _throughput_row(workload: Workload, topology: Topology, *, name: str, evalua
     candidate = Candidate.from_name(name, attention=default_attention(topology))
     [compiled] = compile_candidates([candidate], workload, topology, num_layers=num_layers,
                                     cache_dir=cache_dir)
-    if compiled.status != "ok":
+    if compiled.status is not CompileStatus.OK:
         return {"status": compiled.status}
     scorer = PlacementScorer(compiled.program, topology)
     structured = np.array([p.order for p in structured_placements(candidate.mesh_shape,
