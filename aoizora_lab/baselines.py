@@ -50,7 +50,6 @@ order) are not baselines: they are the *placement gain* and *strategy gain* of a
 
 from __future__ import annotations
 
-import concurrent.futures as cf
 import enum
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -65,6 +64,9 @@ from aoizora_lab.compile import (
     CompiledCandidate,
     CompilerFlags,
     CompileStatus,
+    NotRun,
+    NotRunReason,
+    Outcome,
     compiler_flags,
 )
 from aoizora_lab.cost import breakdown, predict
@@ -147,33 +149,16 @@ def maxdiffusion_setup(workload: Workload, topology: Topology, *,
     Example: ``ici_data_parallelism=2`` on ``v5e:2x4`` gives the mesh (2, 1, 4, 1) and the
     candidate ``cfg2-ctx4-fsdpseq`` (weights sharded 4 ways, over context only).
     """
-    n = topology.num_devices
-    ici = {"data": ici_data_parallelism, "fsdp": ici_fsdp_parallelism,
-           "context": ici_context_parallelism, "tensor": ici_tensor_parallelism}
-    bad = {f"ici_{k}_parallelism": v for k, v in ici.items()
-           if not (v == -1 or is_whole(v, 1))}
-    if bad:
-        raise SystemRefuses(f"MaxDiffusion config {bad}: each ici_*_parallelism is a whole "
-                           "number >= 1, or -1 for 'the devices left' (at most one -1).")
-    unknown = [k for k, v in ici.items() if v == -1]
-    if len(unknown) > 1:
-        raise SystemRefuses(f"MaxDiffusion fills at most one -1 (fill_unspecified_mesh_axes); "
-                           f"ici {ici} has {len(unknown)}: set all but one.")
-    known = math.prod(v for v in ici.values() if v != -1)
-    if unknown:
-        if n % known:
-            raise SystemRefuses(f"MaxDiffusion ici {ici}: {n} devices do not divide by {known}.")
-        ici[unknown[0]] = n // known
-    if math.prod(ici.values()) != n:
-        raise SystemRefuses(f"MaxDiffusion ici {ici} multiplies to {math.prod(ici.values())}, "
-                           f"not the {n} devices of {topology.name}.")
+    ici = _ici_axes({"data": ici_data_parallelism, "fsdp": ici_fsdp_parallelism,
+                     "context": ici_context_parallelism, "tensor": ici_tensor_parallelism},
+                    topology)
     if attention not in MAXDIFFUSION_KERNELS:
         raise SystemRefuses(f"MaxDiffusion attention={attention!r}: one of "
-                           f"{sorted(MAXDIFFUSION_KERNELS)} (tokamax_flash shards as flash).")
+                            f"{sorted(MAXDIFFUSION_KERNELS)} (tokamax_flash shards as flash).")
     batch = ici["data"] * ici["fsdp"]
     if batch > workload.batch:
         raise SystemRefuses(f"MaxDiffusion data x fsdp = {batch} shards a batch of "
-                           f"{workload.batch} (the CFG passes); use at most {workload.batch}.")
+                            f"{workload.batch} (the CFG passes); use at most {workload.batch}.")
     heads = workload.config().num_heads
     context = ici["context"]
     if attention == "ulysses_ring":
@@ -195,19 +180,7 @@ def maxdiffusion_setup(workload: Workload, topology: Topology, *,
                                        attention=default_attention(topology),
                                        fsdp_over_cfg=ici["fsdp"] > 1)
     shape = (ici["data"], ici["fsdp"], context, ici["tensor"])
-    note = ""
-    try:
-        mesh = create_device_mesh_order(shape, topology, allow_split=allow_split_physical_axes)
-    except LibraryRefuses as err:
-        if allow_split_physical_axes:
-            raise SystemRefuses(f"MaxDiffusion's mesh: {err}") from err
-        note = (f"create_device_mesh{shape} refuses with allow_split_physical_axes=False "
-                f"({str(err)[:90]}...); built with allow_split_physical_axes=True, as a "
-                "MaxDiffusion user would set")
-        try:
-            mesh = create_device_mesh_order(shape, topology, allow_split=True)
-        except LibraryRefuses as again:
-            raise SystemRefuses(f"MaxDiffusion's mesh: {again}") from again
+    mesh, note = _maxdiffusion_mesh(shape, topology, allow_split_physical_axes)
     # Mesh (data, fsdp, context, tensor) -> our axes (cfg, ulysses, ring, context, tp); the
     # context axis of ulysses_ring is (ring, ulysses) with Ulysses innermost (row-major).
     grid = np.asarray(mesh.order).reshape(batch, ring, uly, context // (ring * uly),
@@ -222,6 +195,49 @@ def maxdiffusion_setup(workload: Workload, topology: Topology, *,
                             "maxdiffusion-ulysses" if uly > 1 else "maxdiffusion-wan")
     return Setup("maxdiffusion", recipe, candidate, Placement(order, mesh.description),
                  chosen, note)
+
+
+def _ici_axes(ici: dict[str, int], topology: Topology) -> dict[str, int]:
+    """MaxDiffusion's ICI degrees with its one ``-1`` filled (``fill_unspecified_mesh_axes``),
+    checked as it checks them."""
+    n = topology.num_devices
+    bad = {f"ici_{k}_parallelism": v for k, v in ici.items()
+           if not (v == -1 or is_whole(v, 1))}
+    if bad:
+        raise SystemRefuses(f"MaxDiffusion config {bad}: each ici_*_parallelism is a whole "
+                            "number >= 1, or -1 for 'the devices left' (at most one -1).")
+    unknown = [k for k, v in ici.items() if v == -1]
+    if len(unknown) > 1:
+        raise SystemRefuses(f"MaxDiffusion fills at most one -1 (fill_unspecified_mesh_axes); "
+                            f"ici {ici} has {len(unknown)}: set all but one.")
+    known = math.prod(v for v in ici.values() if v != -1)
+    if unknown:
+        if n % known:
+            raise SystemRefuses(f"MaxDiffusion ici {ici}: {n} devices do not divide by "
+                                f"{known}.")
+        ici = {**ici, unknown[0]: n // known}
+    if math.prod(ici.values()) != n:
+        raise SystemRefuses(f"MaxDiffusion ici {ici} multiplies to {math.prod(ici.values())}, "
+                            f"not the {n} devices of {topology.name}.")
+    return ici
+
+
+def _maxdiffusion_mesh(shape: tuple[int, ...], topology: Topology, allow_split: bool
+                       ) -> tuple[Placement, str]:
+    """Where ``mesh_utils.create_device_mesh`` puts MaxDiffusion's mesh, and a note: where it
+    refuses the shape unsplit, a MaxDiffusion user sets ``allow_split_physical_axes=True``."""
+    try:
+        return create_device_mesh_order(shape, topology, allow_split=allow_split), ""
+    except LibraryRefuses as err:
+        if allow_split:
+            raise SystemRefuses(f"MaxDiffusion's mesh: {err}") from err
+        note = (f"create_device_mesh{shape} refuses with allow_split_physical_axes=False "
+                f"({str(err)[:90]}...); built with allow_split_physical_axes=True, as a "
+                "MaxDiffusion user would set")
+    try:
+        return create_device_mesh_order(shape, topology, allow_split=True), note
+    except LibraryRefuses as again:
+        raise SystemRefuses(f"MaxDiffusion's mesh: {again}") from again
 
 
 def maxdiffusion_recipes(workload: Workload, topology: Topology
@@ -268,7 +284,7 @@ def xdit_setup(workload: Workload, topology: Topology, *, ulysses_size: int = 1,
     heads = workload.config().num_heads
     if heads % ulysses_size:
         raise SystemRefuses(f"Wan generate.py asserts num_heads % ulysses_size == 0: {heads} "
-                           f"heads, --ulysses_size {ulysses_size}.")
+                            f"heads, --ulysses_size {ulysses_size}.")
     candidate = Candidate.from_degrees({"ulysses": ulysses_size, "ring": ring_size},
                                        fsdp=bool(dit_fsdp) and n > 1,
                                        attention=default_attention(topology))
@@ -424,7 +440,9 @@ class Trial:
     reason: str = ""
     """Why it was refused, not compiled or not ranked high enough to compile."""
     compile_status: CompileStatus | None = None
-    """How its compile ended (``None``: refused before compiling)."""
+    """How its compile ended (``None``: refused, or not run)."""
+    not_run: NotRunReason | None = None
+    """Why the plan did not run its compile (``None``: it ran, or it was refused)."""
 
 
 @dataclass(frozen=True)
@@ -458,8 +476,7 @@ class BaselineOutcome:
     def unstarted(self) -> tuple[str, ...]:
         """Recipes of its setups a time limit left uncompiled: ``plan`` then priced this
         system on the others, so its step may be slower than its best."""
-        return tuple(t.recipe for t in self.trials
-                     if t.compile_status is CompileStatus.UNSTARTED)
+        return tuple(t.recipe for t in self.trials if t.not_run is not None)
 
 
 class Baselines(Records[BaselineOutcome]):
@@ -518,10 +535,6 @@ class Baselines(Records[BaselineOutcome]):
                 "speedup_of_plan": (predicted.total_s / self.plan_s
                                     if predicted and self.plan_s else math.nan),
                 "note": setup.note if setup else "", "reason": item.reason}
-
-
-Compile = Callable[[list[Candidate], CompilerFlags], Sequence[CompiledCandidate]]
-"""Compiles candidates with flags the way the planner does (same slice, depth, cache)."""
 
 
 def system_setups(name: str, workload: Workload, topology: Topology
@@ -600,90 +613,73 @@ def baseline_setups(workload: Workload, topology: Topology, pruning: Pruning, *,
     return out
 
 
-def score_baselines(workload: Workload, topology: Topology, pruning: Pruning,
-                    compiled: Mapping[tuple[str, str], CompiledCandidate], compile: Compile,
-                    *, setups: Sequence[SystemSetups] | None = None
-                    ) -> tuple[Baselines, list[CompiledCandidate]]:
-    """Price every system's setups (``setups``, default :func:`baseline_setups`: every
-    system's, none of yours), compiling what ``compiled`` (by :attr:`CompiledCandidate.key`)
-    lacks.
-
-    A system with several setups compiles every one whose candidate the planner's space holds
-    (the IR estimate is reported, not used to choose) and takes the fastest predicted step; a
-    setup outside the space (over HBM, a trace that failed) is a trial with that reason, and
-    so is one that ``compiled`` holds as ``unstarted`` (a time-limited plan's): the system is
-    then priced on the setups compiled (:attr:`BaselineOutcome.unstarted` names the rest). A
-    setup whose recipe flags fail to compile (libtpu refuses asynchronous all-to-all on
-    "limited ICI", e.g. ``v5e:8x8``) is tried again with the default flags, as its user would.
-    Returns the outcomes and the compiles this added.
-    """
-    compiled = dict(compiled)
-    added: list[CompiledCandidate] = []
-
-    def ensure(setups: list[Setup]) -> None:
-        missing: dict[str, dict[str, Candidate]] = {}
-        flags_of: dict[str, CompilerFlags] = {}
-        for s in setups:
-            if (s.candidate.name, s.flags.label) not in compiled:
-                missing.setdefault(s.flags.label, {})[s.candidate.name] = s.candidate
-                flags_of[s.flags.label] = s.flags
-        # The flag sets compile side by side (compile's pool decides how many run at once).
-        with cf.ThreadPoolExecutor(max_workers=max(1, len(missing))) as sweeps:
-            results = list(sweeps.map(lambda label: compile(list(missing[label].values()),
-                                                            flags_of[label]), missing))
-        for result in (r for sweep in results for r in sweep):
-            compiled[result.key] = result
-            added.append(result)
-
-    if setups is None:
-        setups = baseline_setups(workload, topology, pruning)
-    plans = {g.name: (list(g.trials), list(g.setups)) for g in setups}
-    ensure([s for _, chosen in plans.values() for s in chosen])
-    # A recipe whose flags libtpu refuses on this slice (e.g. asynchronous all-to-all "not
-    # supported on limited ICI") is run without them, as its user would once it fails.
-    for _, chosen in plans.values():
-        for s in list(chosen):
-            result = compiled[(s.candidate.name, s.flags.label)]
-            if (result.status in (CompileStatus.CRASH, CompileStatus.ERROR)
-                    and s.flags.label != DEFAULT_FLAGS.label):
+def with_fallbacks(setups: Sequence[SystemSetups], outcomes: Mapping[tuple[str, str], Outcome]
+                   ) -> list[SystemSetups]:
+    """``setups``, each system's with one more setup for every recipe whose flags failed to
+    compile (``crash`` or ``error``; libtpu refuses asynchronous all-to-all on "limited ICI",
+    e.g. ``v5e:8x8``): the same recipe without its ``LIBTPU_INIT_ARGS``, as its user would
+    run it once it fails."""
+    out = []
+    for group in setups:
+        added = []
+        for s in group.setups:
+            result = outcomes.get((s.candidate.name, s.flags.label))
+            if (isinstance(result, CompiledCandidate) and s.flags.label != DEFAULT_FLAGS.label
+                    and result.status in (CompileStatus.CRASH, CompileStatus.ERROR)):
                 why = result.message.split("\n")[0][:120]
-                chosen.append(replace(
+                added.append(replace(
                     s, recipe=f"{s.recipe} (without its LIBTPU_INIT_ARGS)", flags=DEFAULT_FLAGS,
                     note="; ".join(filter(None, [s.note, (
                         f"its {s.flags.label} flags failed to compile here ({result.status}: "
                         f"{why}); compiled without them, as a user would")]))))
-    ensure([s for _, chosen in plans.values() for s in chosen])
+        out.append(replace(group, setups=(*group.setups, *added)) if added else group)
+    return out
 
-    outcomes = []
-    for name, (trials, chosen) in plans.items():
-        priced = []
-        for s in chosen:
-            result = compiled[(s.candidate.name, s.flags.label)]
-            estimate = estimate_of(pruning, s.candidate)
-            if result.status is not CompileStatus.OK:
-                trials.append(Trial(name, s.recipe, s, estimate,
-                                    reason=f"{result.status}: {result.message[:160]}",
-                                    compile_status=result.status))
-                continue
-            plan = Plan(workload, topology, s.candidate, s.placement,
-                        predict(result.program, topology, s.placement), result.program,
-                        breakdown(result.program, topology, s.placement), flags=s.flags)
-            trials.append(Trial(name, s.recipe, s, estimate, plan.predicted.total_s,
-                                compile_status=result.status))
-            priced.append((s, plan))
-        if priced:
-            setup, plan = min(priced, key=lambda pair: pair[1].predicted.total_s)
-            outcomes.append(BaselineOutcome(name, Status.OK, setup, plan, trials=tuple(trials)))
-        elif chosen:
-            outcomes.append(BaselineOutcome(
-                name, Status.NOT_COMPILED, chosen[0], reason="; ".join(
-                    t.reason for t in trials if t.setup is not None)[:400],
-                trials=tuple(trials)))
+
+def score_baselines(workload: Workload, topology: Topology, pruning: Pruning,
+                    setups: Sequence[SystemSetups],
+                    outcomes: Mapping[tuple[str, str], Outcome]) -> Baselines:
+    """Price every system's ``setups`` (:func:`baseline_setups`, :func:`with_fallbacks`) from
+    the ``outcomes`` of their compiles, by key (every setup's compile is there, run or not).
+
+    A system takes the fastest predicted step of its setups that compiled; the IR estimate is
+    reported, never used to choose. A setup refused before compiling, one whose compile
+    failed and one the plan did not run (a time-limited plan's) are trials with that reason:
+    the system is then priced on the setups compiled (:attr:`BaselineOutcome.unstarted` names
+    those not run).
+    """
+    return Baselines(_scored(group, workload, topology, pruning, outcomes)
+                     for group in setups)
+
+
+def _scored(group: SystemSetups, workload: Workload, topology: Topology, pruning: Pruning,
+            outcomes: Mapping[tuple[str, str], Outcome]) -> BaselineOutcome:
+    name, trials, priced = group.name, list(group.trials), []
+    for s in group.setups:
+        outcome = outcomes[s.candidate.name, s.flags.label]
+        estimate = estimate_of(pruning, s.candidate)
+        if isinstance(outcome, NotRun):
+            trials.append(Trial(name, s.recipe, s, estimate, reason=outcome.message,
+                                not_run=outcome.reason))
+        elif outcome.status is not CompileStatus.OK:
+            trials.append(Trial(name, s.recipe, s, estimate,
+                                reason=f"{outcome.status}: {outcome.message[:160]}",
+                                compile_status=outcome.status))
         else:
-            outcomes.append(BaselineOutcome(
-                name, Status.NOT_BUILT, reason="; ".join(
-                    f"{t.recipe}: {t.reason}" for t in trials)[:600], trials=tuple(trials)))
-    return Baselines(outcomes), added
+            plan = Plan(workload, topology, s.candidate, s.placement,
+                        predict(outcome.program, topology, s.placement), outcome.program,
+                        breakdown(outcome.program, topology, s.placement), flags=s.flags)
+            trials.append(Trial(name, s.recipe, s, estimate, plan.predicted.total_s,
+                                compile_status=outcome.status))
+            priced.append((s, plan))
+    if priced:
+        setup, plan = min(priced, key=lambda pair: pair[1].predicted.total_s)
+        return BaselineOutcome(name, Status.OK, setup, plan, trials=tuple(trials))
+    if group.setups:
+        return BaselineOutcome(name, Status.NOT_COMPILED, group.setups[0], reason="; ".join(
+            t.reason for t in trials if t.setup is not None)[:400], trials=tuple(trials))
+    return BaselineOutcome(name, Status.NOT_BUILT, reason="; ".join(
+        f"{t.recipe}: {t.reason}" for t in trials)[:600], trials=tuple(trials))
 
 
 def estimate_of(pruning: Pruning, candidate: Candidate) -> float:

@@ -106,7 +106,7 @@ def _prune_command(args: argparse.Namespace) -> int:
 def _plan_command(args: argparse.Namespace) -> int:
     import pandas as pd
 
-    from aoizora_lab.compile import CompileStatus, check_num_layers
+    from aoizora_lab.compile import check_num_layers
     from aoizora_lab.planner import plan
     from aoizora_lab.progress import PROGRESS_ENV
     from aoizora_lab.versions import environment_variable
@@ -146,7 +146,7 @@ def _plan_command(args: argparse.Namespace) -> int:
               f"communication {best.predicted.comm_s:.4g} s)")
         print("\nWhere its communication time goes:")
         print(best.breakdown.head(args.top).to_string(float_format=lambda v: f"{v:.4g}"))
-        unstarted = [r for r in result.compiled if r.status is CompileStatus.UNSTARTED]
+        unstarted = result.compiled.not_run
         if unstarted:
             print(f"\nNot compiled within the {limit:g} s limit ({len(unstarted)} of "
                   f"{len(result.compiled)}; the plan is the best of the rest, --full compiles "

@@ -4,15 +4,16 @@ Each compile runs in its own child process (``python -m aoizora_lab.compile_work
 TPU compiles abort the whole process (SIGABRT), and a child that dies, hangs past
 ``timeout_s`` or runs out of HBM becomes a *status* on its :class:`CompiledCandidate`
 (``ok``, ``oom``, ``crash``, ``timeout``, ``error``, with the compiler's message), never an
-exception that ends the sweep (``unstarted``: a time-limited plan did not start it). The
+exception that ends the sweep; a compile a plan decided not to run is a :class:`NotRun` with
+its :class:`NotRunReason` (:mod:`aoizora_lab.jobs` decides). The
 children are started from an ``Executor``: by default a thread pool with one slot per core
 (each slot waits on one child process); pass ``dask.distributed.Client(...).get_executor()``
 to fan a sweep out over a cluster, where each worker starts its own children.
 
-Results are cached on disk (default ``data/cache/compile``, or ``compile/`` under
-``$AOIZORA_LAB_CACHE_DIR``), one folder per compile keyed by everything that changes the
-result: jax, jaxlib and libtpu versions, the source of the model
-code, the model config, the workload, the candidate, the slice and the layer count. An entry is
+Results are cached on disk (``compile/`` under :func:`~aoizora_lab.versions.cache_root`),
+one folder per compile keyed by everything that changes the result: the library versions and
+the code the compile runs (:func:`~aoizora_lab.versions.code_versions` of the compile
+worker), the model config, the workload, the candidate, the slice and the layer count. An entry is
 written to a temporary folder and renamed into place, so a reader never sees half of one; its
 HLO text carries a checksum that is checked on every read. ``ok`` and ``oom`` results are
 cached (the compiler is deterministic); crashes, timeouts and errors are retried next time.
@@ -91,8 +92,6 @@ class CompileStatus(enum.StrEnum):
     """No result within the compile's time out; the child was killed."""
     ERROR = "error"
     """Any other compiler or tracing error, or a cache that could not be written."""
-    UNSTARTED = "unstarted"
-    """Not started: a time-limited plan left it out (the message says why)."""
 
 
 STATUSES = tuple(CompileStatus)
@@ -214,8 +213,49 @@ class CompiledCandidate:
         return self.hlo_path.read_text()
 
 
-class Compiles(Records[CompiledCandidate]):
-    """The compile of every candidate, in the order they were given."""
+class NotRunReason(enum.Enum):
+    """Why a plan did not run a compile."""
+
+    TIME_LIMIT = "time limit"
+    """It would have ended after the plan's time limit."""
+    FIRST_RUN = "first run"
+    """The same time-limited plan's first run did not start it (so this run does not)."""
+    CANNOT_WIN = "cannot win"
+    """A further flag set of a survivor whose compute alone under its first flag set is no
+    faster than a step already priced: flags cannot make it the plan."""
+
+
+@dataclass(frozen=True)
+class NotRun:
+    """A compile a plan decided not to run, and why."""
+
+    candidate: Candidate
+    """The candidate it would have compiled."""
+    flags: CompilerFlags
+    """With these flags."""
+    reason: NotRunReason
+    """Why not."""
+    message: str
+    """Why not, for people (the limit and the time it would have taken, the compute and the
+    step it could not beat)."""
+    compute_s: float = math.nan
+    """``CANNOT_WIN``: its compute per step under the first flag set, a floor for its step."""
+    best_s: float = math.nan
+    """``CANNOT_WIN``: the fastest step priced before (plain device order)."""
+
+    @property
+    def key(self) -> tuple[str, str]:
+        """``(candidate name, flags label)``, as :attr:`CompiledCandidate.key`."""
+        return self.candidate.name, self.flags.label
+
+
+Outcome = CompiledCandidate | NotRun
+"""What became of one compile of a plan: it ran (``ok`` or failed, with its status) or not."""
+
+
+class Compiles(Records[Outcome]):
+    """The outcome of every compile, in the order they were given (a plan's include those it
+    did not run, as :class:`NotRun`)."""
 
     COLUMNS = ("candidate", "flags", "status", "cached", "compile_s", "peak_gib", "host_gib",
                "comm_gb", "message")
@@ -223,7 +263,18 @@ class Compiles(Records[CompiledCandidate]):
     @property
     def ok(self) -> list[CompiledCandidate]:
         """The compiles that produced a program."""
-        return [r for r in self if r.status is CompileStatus.OK]
+        return [r for r in self if isinstance(r, CompiledCandidate)
+                and r.status is CompileStatus.OK]
+
+    @property
+    def ran(self) -> list[CompiledCandidate]:
+        """The compiles that ran (whatever their status)."""
+        return [r for r in self if isinstance(r, CompiledCandidate)]
+
+    @property
+    def not_run(self) -> list[NotRun]:
+        """The compiles the plan did not run."""
+        return [r for r in self if isinstance(r, NotRun)]
 
     def traffic(self) -> pd.DataFrame:
         """Collective bytes per device per step of every ``ok`` compile, by kind and schedule.
@@ -247,7 +298,12 @@ class Compiles(Records[CompiledCandidate]):
                              "gb": float(gb)})
         return pd.DataFrame(rows, columns=["candidate", "kind", "schedule", "collective", "gb"])
 
-    def row(self, item: CompiledCandidate) -> dict[str, Any]:
+    def row(self, item: Outcome) -> dict[str, Any]:
+        if isinstance(item, NotRun):
+            return {"candidate": item.candidate.name, "flags": item.flags.label,
+                    "status": f"not run ({item.reason.value})", "cached": False,
+                    "compile_s": 0.0, "peak_gib": math.nan, "host_gib": math.nan,
+                    "comm_gb": math.nan, "message": item.message[:200]}
         return {"candidate": item.candidate.name, "flags": item.flags.label,
                 "status": item.status, "cached": item.cached,
                 "compile_s": item.compile_seconds,
@@ -377,6 +433,11 @@ class CompileQueue:
         """One compile of ``expected`` the caller decided not to start."""
         with self._lock:
             self._expected -= 1
+
+    def expect(self, more: int) -> None:
+        """``more`` compiles to count than ``expected`` said (a plan's second round)."""
+        with self._lock:
+            self._expected += more
 
     def _note(self, what: str, extra: str) -> None:
         """The progress line of the compile just done (under the lock: lines in order)."""

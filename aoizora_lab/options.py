@@ -65,7 +65,7 @@ class PlanOptions:
     """Compile at most this many survivors, the IR's best (``None``: every one)."""
     time_limit_s: float | None = None
     """Answer within this many seconds (``None``: the full search); see
-    :class:`aoizora_lab.planner._TimeLimit`."""
+    :class:`aoizora_lab.jobs.TimeLimited`."""
     systems: bool = True
     """Compile and price the existing systems' setups (``False``: the headline has no system
     to compare with)."""

@@ -26,6 +26,7 @@ import functools
 import hashlib
 import importlib.metadata
 import os
+import threading
 import weakref
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -107,6 +108,11 @@ def code_versions(module: str) -> dict[str, str]:
     return {**library_versions(), "code": f"{module}@{code_digest(module)}"}
 
 
+_READING = threading.Lock()
+"""One reader of the sources at a time: CPython's ``ast.parse`` is not safe from several
+threads at once (compiles report from several, each keying its parsed program)."""
+
+
 @functools.cache
 def code_digest(module: str) -> str:
     """A digest of the source of ``module`` and of every package module it imports, directly
@@ -126,11 +132,12 @@ def code_closure(module: str) -> tuple[str, ...]:
     """
     seen: set[str] = set()
     todo = [module]
-    while todo:
-        name = todo.pop()
-        if name not in seen:
-            seen.add(name)
-            todo.extend(_imports(name))
+    with _READING:
+        while todo:
+            name = todo.pop()
+            if name not in seen:
+                seen.add(name)
+                todo.extend(_imports(name))
     return tuple(sorted(seen))
 
 

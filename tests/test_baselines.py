@@ -17,11 +17,13 @@ from aoizora_lab.baselines import (
     USER,
     Setup,
     Status,
+    baseline_setups,
     maxdiffusion_recipes,
     maxdiffusion_setup,
     score_baselines,
     system_setups,
     user_setup,
+    with_fallbacks,
     xdit_recipes,
     xdit_setup,
 )
@@ -253,13 +255,19 @@ def test_a_recipe_whose_flags_fail_to_compile_runs_without_them(planned, host, t
     # As libtpu answers MaxDiffusion's asynchronous all-to-all on a v5e:8x8 ("limited ICI").
     refusal = "UNIMPLEMENTED: Async all-to-all not supported on limited ICI"
 
-    def compile_refusing_flags(candidates, flags):
-        if flags.label != "default":
-            return [CompiledCandidate(c, "error", f"JaxRuntimeError: {refusal}", 0.0,
-                                      flags=flags) for c in candidates]
-        return list(compile_candidates(candidates, WORKLOAD, host, cache_dir=tmp_path))
+    def compile_refusing_flags(setups, known):
+        return {**known, **{(s.candidate.name, s.flags.label): (
+            CompiledCandidate(s.candidate, "error", f"JaxRuntimeError: {refusal}", 0.0,
+                              flags=s.flags) if s.flags.label != "default" else
+            compile_candidates([s.candidate], WORKLOAD, host, cache_dir=tmp_path)[0])
+            for group in setups for s in group.setups
+            if (s.candidate.name, s.flags.label) not in known}}
 
-    outcomes, _ = score_baselines(WORKLOAD, host, planned.pruning, {}, compile_refusing_flags)
+    setups = baseline_setups(WORKLOAD, host, planned.pruning)
+    known = compile_refusing_flags(setups, {})
+    setups = with_fallbacks(setups, known)
+    outcomes = score_baselines(WORKLOAD, host, planned.pruning, setups,
+                               compile_refusing_flags(setups, known))
     best = outcomes["maxdiffusion-best"]
     assert best.status is Status.OK and best.setup.flags.label == "default"
     trials = outcomes.trials()

@@ -368,7 +368,8 @@ def test_plan_quality_records_each_case_and_resumes_from_the_records(quality, sl
     # is shown with that model's name and planned again by a resumed run.
     stored = json.loads(record.read_text())
     assert stored["ici_model"] == bench.quality.ici_model()
-    assert set(stored["code"]) >= {"jax", "libtpu", "program_source"}
+    assert set(stored["code"]) >= {"jax", "libtpu", "code"}
+    assert stored["code"]["code"].startswith("aoizora_lab.bench.quality@")
     assert first.summary.iloc[0]["ici_model"] == az.ModelOptions().order
     assert "| ici_model |" in first.markdown()
     del stored["ici_model"]  # as records were written before the model saw device orders

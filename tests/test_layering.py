@@ -33,6 +33,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("realize",),
     ("options",),
     ("baselines",),
+    ("jobs",),
     ("planner",),
     # on top of the pipeline
     ("measure", "measure.clock", "measure.timing", "measure.microbench",
@@ -151,3 +152,19 @@ def test_the_checker_sees_every_import_form(tmp_path, source):
     path = tmp_path / "module.py"
     path.write_text(f"def late():\n    {source}\n")
     assert imports(path, set(_modules())) >= {"prune"}
+
+
+SMALL_STEPS = ("planner", "baselines", "jobs", "options")
+"""Modules that tie the pipeline together: small functions, each one step."""
+LONGEST_STEP = 80
+"""Lines a function of :data:`SMALL_STEPS` may span, docstring included."""
+
+
+def test_the_search_is_made_of_small_steps():
+    modules = _modules()
+    long = {f"{name}.{node.name}": node.end_lineno - node.lineno + 1
+            for name in SMALL_STEPS
+            for node in ast.walk(ast.parse(modules[name].read_text()))
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+            and node.end_lineno - node.lineno + 1 > LONGEST_STEP}
+    assert not long, f"split these into steps of at most {LONGEST_STEP} lines: {long}"

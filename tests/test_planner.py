@@ -8,7 +8,9 @@ from tiny import TINY, WORKLOAD
 
 import aoizora_lab as az
 from aoizora_lab.baselines import SYSTEMS, USER, Status
+from aoizora_lab.compile import NotRun, NotRunReason
 from aoizora_lab.hlo import parse_hlo
+from aoizora_lab.jobs import OriginKind
 from aoizora_lab.models.parallel import ParallelPlan
 from aoizora_lab.models.wan import init_params
 from aoizora_lab.options import PlanOptions
@@ -50,16 +52,17 @@ def test_a_time_limited_plan_compiles_its_first_round_and_names_what_it_left(pla
     # compile at a time, so the first round is the best estimate alone.
     with cf.ThreadPoolExecutor(1) as one:
         timed = plan(WORKLOAD, topology, limited, executor=one)
-    started = [r.candidate for r in timed.compiled if r.status != "unstarted"]
-    left = [r for r in timed.compiled if r.status == "unstarted"]
+    started = [r.candidate for r in timed.compiled.ran]
+    left = timed.compiled.not_run
     assert started == timed.pruning.kept[:1]  # a plan needs a program
     assert [r.candidate for r in left] == timed.pruning.kept[1:]
-    assert left and all("time limit" in r.message and r.compile_seconds == 0 for r in left)
+    assert left and all(r.reason is NotRunReason.TIME_LIMIT and "time limit" in r.message
+                        for r in left)
     # The systems share the limit: each priced on what compiled, naming the setups left out.
     outcomes = {o.name: o for o in timed.baselines}
     assert list(outcomes) == [*SYSTEMS, USER]
     yours = (outcomes[USER].candidate.name, outcomes[USER].plan.flags.label)
-    compiled = {r.key for r in timed.compiled if r.status == "ok"} | {yours}
+    compiled = {r.key for r in timed.compiled.ok} | {yours}
     for name in SYSTEMS:
         for trial in (t for t in outcomes[name].trials if t.setup is not None):
             if trial.recipe in outcomes[name].unstarted:
@@ -70,7 +73,7 @@ def test_a_time_limited_plan_compiles_its_first_round_and_names_what_it_left(pla
     assert partial and set(timed.headline.partial) == partial
     frame = timed.headline.to_frame()
     assert frame["against"].str.contains("partial: time limit").sum() >= len(partial)
-    assert all(r.status == "unstarted" for r in timed.baseline_compiles if r.key != yours)
+    assert all(isinstance(r, NotRun) for r in timed.baseline_compiles if r.key != yours)
     # Yours is compiled whatever the limit.
     assert outcomes[USER].status == Status.OK
     assert timed.best.predicted.total_s <= outcomes[USER].plan.predicted.total_s
@@ -78,9 +81,9 @@ def test_a_time_limited_plan_compiles_its_first_round_and_names_what_it_left(pla
     # else starts, so the same compiles, none of them fresh, and the same answer at once.
     with cf.ThreadPoolExecutor(1) as one:
         again = plan(WORKLOAD, topology, limited, executor=one)
-    assert ([(r.key, r.status) for r in again.compiled]
-            == [(r.key, r.status) for r in timed.compiled])
-    assert all(r.cached if r.status != "unstarted" else "first run of this plan" in r.message
+    assert ([(r.key, isinstance(r, NotRun)) for r in again.compiled]
+            == [(r.key, isinstance(r, NotRun)) for r in timed.compiled])
+    assert all(r.reason is NotRunReason.FIRST_RUN if isinstance(r, NotRun) else r.cached
                for r in [*again.compiled, *again.baseline_compiles])
     assert again.best.predicted.total_s == timed.best.predicted.total_s
     # A full search's compiles (the fixture's, in the default cache) are read past any limit.
@@ -214,7 +217,7 @@ def test_a_time_limited_plan_puts_the_systems_setups_among_the_survivors():
     from aoizora_lab.baselines import Setup, SystemSetups
     from aoizora_lab.candidates import explain_candidates
     from aoizora_lab.compile import CompiledCandidate, compiler_flags
-    from aoizora_lab.planner import _BestSoFar, _compile_flag_sets, _TimeLimit
+    from aoizora_lab.jobs import Outcomes, Prices, TimeLimited, build_jobs, run_jobs
 
     topology = az.Topology.simulated((2, 4), devices=jax.devices()[:8])
     valid = list(explain_candidates(WORKLOAD, topology).valid)
@@ -234,9 +237,16 @@ def test_a_time_limited_plan_puts_the_systems_setups_among_the_survivors():
         def cached(self, candidate, flags):
             return False
 
-    def setup(candidate, system="a-system"):
+    def setup(candidate, system="a-system", flags=default):
         return Setup(system, candidate.name, candidate, Placement(tuple(range(8)), "plain"),
-                     default)
+                     flags)
+
+    def run(limit_s, setups):
+        jobs = build_jobs(kept, [default, further], setups, lambda c: estimates[c.name])
+        policy, outcomes = TimeLimited(limit_s, topology, budget=10, top=1), Outcomes()
+        run_jobs(policy.rounds(jobs), policy, Queue(), Prices(topology), outcomes)
+        assert {j.key for j in jobs} == set(outcomes.snapshot())  # every job has an outcome
+        return jobs, outcomes.snapshot()
 
     estimates = {c.name: 1.0 + i for i, c in enumerate(kept)}  # kept[i]: 1, 2, 3, 4
     estimates.update({others[0].name: 0.5, others[1].name: 2.5, others[2].name: 9.0})
@@ -244,9 +254,7 @@ def test_a_time_limited_plan_puts_the_systems_setups_among_the_survivors():
                                             setup(kept[3]))),
               SystemSetups(USER, (), (setup(others[2], USER),))]
     calls, skips = [], []
-    compiled, _, from_setups = _compile_flag_sets(
-        kept, [default, further], Queue(), _BestSoFar(topology), limit=_TimeLimit(1e6),
-        setups=setups, estimate=lambda c: estimates[c.name])
+    jobs, outcomes = run(1e6, setups)
 
     def both(c):
         return [(c.name, default.label), (c.name, further.label)]
@@ -256,20 +264,19 @@ def test_a_time_limited_plan_puts_the_systems_setups_among_the_survivors():
     assert calls == [*both(kept[0]), (others[2].name, "default"), (others[0].name, "default"),
                      *both(kept[1]), (others[1].name, "default"), *both(kept[2]),
                      (kept[3].name, "default"), (kept[3].name, further.label)]
-    assert len(skips) == 1
-    assert set(from_setups) == {(c.name, "default") for c in [*others, kept[3]]}
-    assert {r.key for r in compiled} == {k for c in kept for k in both(c)}
+    assert not skips  # built once each: nothing to skip
+    shared = next(j for j in jobs if j.key == (kept[3].name, "default"))
+    assert {o.kind for o in shared.origins} == {OriginKind.SURVIVOR, OriginKind.SYSTEM}
     # Past the limit after the first compile: yours still compiles, and a survivor whose
     # compile it is has it, though its own first compile was left out.
-    yours = Setup(USER, "yours", kept[2], Placement(tuple(range(8)), "plain"), further)
+    yours = setup(kept[2], USER, further)
     calls, skips = [], []
-    compiled, _, _ = _compile_flag_sets(
-        kept, [default, further], Queue(), _BestSoFar(topology), limit=_TimeLimit(1e-9),
-        setups=[SystemSetups(USER, (), (yours,))], estimate=lambda c: estimates[c.name])
+    _, outcomes = run(1e-9, [SystemSetups(USER, (), (yours,))])
     assert calls == [(kept[0].name, "default"), (kept[2].name, further.label)]
-    status = {r.key: r.status for r in compiled}
-    assert status.pop((kept[2].name, further.label)) == status.pop((kept[0].name, "default"))
-    assert set(status.values()) == {"unstarted"}
+    ran = {k: o for k, o in outcomes.items() if isinstance(o, CompiledCandidate)}
+    assert set(ran) == {(kept[0].name, "default"), (kept[2].name, further.label)}
+    assert {o.reason for k, o in outcomes.items() if k not in ran} == {
+        NotRunReason.TIME_LIMIT}
 
 
 @pytest.mark.slow  # compiles in child processes
@@ -277,10 +284,10 @@ def test_further_flag_sets_compile_only_while_they_could_still_win(tmp_path):
     import concurrent.futures as cf
 
     from aoizora_lab.candidates import explain_candidates
-    from aoizora_lab.compile import CompileQueue, compiler_flags
+    from aoizora_lab.compile import CompiledCandidate, CompileQueue, compiler_flags
     from aoizora_lab.cost import predict
+    from aoizora_lab.jobs import FullSearch, Outcomes, Prices, TimeLimited, build_jobs, run_jobs
     from aoizora_lab.placement import plain_order
-    from aoizora_lab.planner import _BestSoFar, _compile_flag_sets, _TimeLimit
 
     topology = az.Topology.from_name("v5e:2x4")  # flags change TPU programs only
     kept = list(explain_candidates(WORKLOAD, topology).valid)[::4]  # every kind of split
@@ -294,23 +301,25 @@ def test_further_flag_sets_compile_only_while_they_could_still_win(tmp_path):
 
     # The full search compiles every first flag set before any further one; a time-limited
     # plan (a limit that never comes) each survivor's further flags after its own first.
-    for limit in (None, _TimeLimit(1e6)):
-        calls, priced = [], _BestSoFar(topology)
+    for policy in (FullSearch(), TimeLimited(1e6, topology, budget=10, top=1)):
+        calls, prices, outcomes = [], Prices(topology), Outcomes()
+        jobs = build_jobs(kept, [default, further], [], lambda c: np.nan)
         with cf.ThreadPoolExecutor(1) as one, Recording(  # one at a time: a fixed order
-                WORKLOAD, topology, executor=one, cache_dir=tmp_path, describe=priced) as queue:
-            compiled, skipped, _ = _compile_flag_sets(kept, [default, further], queue, priced,
-                                                      limit=limit)
-        by_key = {r.key: r for r in compiled}
-        expected, spared = _replay(kept, by_key, topology, further, limit is not None)
+                WORKLOAD, topology, executor=one, cache_dir=tmp_path, describe=prices) as queue:
+            run_jobs(policy.rounds(jobs), policy, queue, prices, outcomes)
+        every = outcomes.snapshot()
+        by_key = {k: o for k, o in every.items() if isinstance(o, CompiledCandidate)}
+        skipped = [o for o in every.values() if isinstance(o, NotRun)]
+        expected, spared = _replay(kept, by_key, topology, further,
+                                   isinstance(policy, TimeLimited))
         assert calls == expected
         assert spared and len(spared) < len(kept)  # both sides of the rule are exercised
         assert [(s.candidate.name, s.best_s) for s in skipped] == spared
-        assert all(s.compute_s >= s.best_s and s.candidate.name in s.reason
-                   and further.label in s.reason for s in skipped)
-        assert [r.flags.label for r in compiled] == sorted(  # one flag set after the other
-            (r.flags.label for r in compiled), key=[default.label, further.label].index)
+        assert all(s.reason is NotRunReason.CANNOT_WIN and s.compute_s >= s.best_s
+                   and s.candidate.name in s.message and further.label in s.message
+                   for s in skipped)
     # The progress lines' best step so far: the fastest of the results seen, in plain order.
-    best_so_far, seen = _BestSoFar(topology), []
+    best_so_far, seen = Prices(topology), []
     for key in calls:
         r = by_key[key]
         text = best_so_far(r)

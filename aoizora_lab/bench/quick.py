@@ -35,7 +35,7 @@ from aoizora_lab.bench.search import (
     WARM_TARGET_S,
 )
 from aoizora_lab.cases import Case
-from aoizora_lab.compile import CompileStatus
+from aoizora_lab.compile import Compiles
 from aoizora_lab.errors import AoizoraError
 from aoizora_lab.options import INTERACTIVE_TIME_LIMIT_S
 from aoizora_lab.topology import Topology
@@ -227,14 +227,12 @@ def _measure(workload: Workload, topology: Topology, *, num_layers: int | None, 
                      "from an empty cache")
         timed, wall_s, warm_s = cold(again=True, time_limit_s=limit)
         step = timed.best.predicted.total_s
-        started = [*timed.compiled, *timed.baseline_compiles]
+        every = Compiles([*timed.compiled, *timed.baseline_compiles])
         limited.append({**where, "status": "ok", "time_limit_s": limit,
                         "candidate": timed.best.candidate.name,
                         "flags": timed.best.flags.label, "plan_s": step,
                         "regret_percent": 100.0 * (step / full_s_step - 1),
-                        "compiled": sum(r.status is not CompileStatus.UNSTARTED
-                                        for r in started),
-                        "unstarted": sum(r.status is CompileStatus.UNSTARTED for r in started),
+                        "compiled": len(every.ran), "unstarted": len(every.not_run),
                         "vs_best_system": timed.headline.vs_existing,
                         "systems_partial": ", ".join(timed.headline.partial) or "none",
                         "cold_s": wall_s, "warm_s": warm_s})
