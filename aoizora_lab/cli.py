@@ -332,8 +332,9 @@ def build_parser() -> argparse.ArgumentParser:
     ben.add_argument("--skip-exhaustive", action="store_true",
                      help="search cost without the exhaustive comparison")
     ben.add_argument("--cache-dir", default=None,
-                     help="compile cache (default data/cache/compile; search cost always "
-                          "starts from an empty one)")
+                     help="compile cache (default compile/ in the user's cache folder or "
+                          "$AOIZORA_LAB_CACHE_DIR; search cost always starts from an empty "
+                          "one)")
     ben.add_argument("--resume", action="store_true",
                      help="read back the plan-quality cases recorded in plan-quality/ beside "
                           "--out (same depth and budget) instead of planning them again")

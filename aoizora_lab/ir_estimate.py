@@ -96,8 +96,9 @@ def estimate_ir(candidate: Candidate, workload: Workload, topology: Topology, *,
     Tracing uses an abstract mesh: no devices, no compile. ``num_layers`` estimates a
     shallower model of the same width (to compare with a compile of that depth). See the
     module docstring for the lower bound and estimate. The counts of a trace are cached as
-    JSON under ``cache_dir`` (default ``data/cache/ir``; ``False``: no cache), keyed by the
-    candidate, the model, the workload, the dtype and the versions and sources they depend on;
+    JSON under ``cache_dir`` (default ``ir/`` under :func:`~aoizora_lab.versions.cache_root`;
+    ``False``: no cache), keyed by the candidate, the model, the workload, the dtype and
+    :func:`~aoizora_lab.versions.code_versions` of this module;
     the bounds are derived afresh for ``topology``.
     """
     counts, trace_seconds = trace_counts(candidate, workload, dtype=dtype,

@@ -144,7 +144,8 @@ def run_all(*, quick: bool = False, out: str | Path = "reports/benchmarks.md",
     ``num_layers``) and 20,000 evaluations. ``cases`` / ``search_cases`` (case specs) replace
     the plan-quality / search-cost matrix; a bad spec is refused before any benchmark runs.
     ``cache_dir``: the compile cache of plan quality and placement throughput (default
-    ``data/cache/compile``; search cost always starts from an empty one). Plan quality records
+    ``compile/`` under :func:`~aoizora_lab.versions.cache_root`; search cost always starts
+    from an empty one). Plan quality records
     each finished case in ``plan-quality/`` beside ``out``; ``resume`` reads back the cases
     recorded there at the same depth and budget instead of planning them again;
     ``records_only`` plans nothing and writes the section from the records.

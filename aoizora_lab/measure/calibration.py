@@ -12,7 +12,8 @@ slice beats the published figure. Example: a fit of ``bandwidth * efficiency = 4
 and 1.2 us per hop on v5e (nominal 4.5e10) writes ``ici_efficiency = 0.889`` and
 ``ici_hop_latency = 1.2e-6``; a fit of 5.2e10 writes ``ici_link_bandwidth = 5.2e10`` with
 ``ici_efficiency = 1``. :func:`write_calibration` stores them in
-``data/calibration/<generation>.json`` (or ``$AOIZORA_LAB_CALIBRATION_DIR``), where
+``<generation>.json`` of :func:`~aoizora_lab.hardware.default_calibration_dir` (the user's
+data folder, or ``$AOIZORA_LAB_CALIBRATION_DIR``), where
 :func:`~aoizora_lab.chip_spec` applies them from then on (``calibrated=False`` ignores them).
 
 **Compute** (:func:`calibrate_compute`): a timed step is its exposed communication, the ops
@@ -147,7 +148,7 @@ def write_calibration(calibration: Calibration | ComputeCalibration,
     """Write ``calibration`` (ICI or compute) to ``<directory>/<generation>.json`` for
     :func:`chip_spec`, merged with the constants already there.
 
-    ``directory`` defaults to ``$AOIZORA_LAB_CALIBRATION_DIR`` or ``data/calibration``. Only
+    ``directory`` defaults to :func:`~aoizora_lab.hardware.default_calibration_dir`. Only
     process 0 writes (:func:`is_writer`); the others return ``None``. A calibration measured on
     anything but TPU devices is refused unless ``allow_non_tpu`` (tests of the mechanics):
     written to the default folder it would silently change every prediction.
