@@ -243,9 +243,6 @@ class FullSearch:
     their further flag sets (judged against the best of every first compile), then the
     setups not run yet."""
 
-    place_as_compiled = False
-    """Placement waits until every compile is back."""
-
     def rounds(self, jobs: Sequence[CompileJob]) -> list[Round]:
         """The module docstring's three rounds."""
         first = [j for j in jobs if _survivor(j, first=True)]
@@ -289,9 +286,6 @@ class TimeLimited:
     from the caches is charged what it cost when it ran, so a longer limit spends only the
     difference; whatever the caches hold is read, past the limit too.
     """
-
-    place_as_compiled = True
-    """Each program is placed as it comes back (the limit counts placement)."""
 
     def __init__(self, seconds: float, topology: Topology, *, budget: int, top: int,
                  started: frozenset[Key] | None = None) -> None:
