@@ -54,10 +54,25 @@ def _type_name(kind: type) -> str:
     return f"{kind.__module__}:{kind.__qualname__}"
 
 
+def _ours(module: str) -> bool:
+    """Whether ``module`` is this package or one of its modules."""
+    return module == PACKAGE or module.startswith(f"{PACKAGE}.")
+
+
+def _own_name(kind: type) -> str:
+    """``module:qualname`` of a type of this package; :class:`TypeError` for any other."""
+    if not _ours(kind.__module__):
+        raise TypeError(f"cannot store a {_type_name(kind)}: only plain data, numpy arrays "
+                        f"and {PACKAGE}'s own value types")
+    return _type_name(kind)
+
+
 def _encode(value: Any) -> Any:
+    if isinstance(value, enum.Enum):  # before str and int: a StrEnum keeps its type
+        return {"enum": [_own_name(type(value)), _encode(value.value)]}
     if value is None or isinstance(value, bool | str):
         return value
-    if isinstance(value, int | float) and not isinstance(value, enum.Enum):
+    if isinstance(value, int | float):
         return int(value) if isinstance(value, int) else float(value)
     if isinstance(value, np.generic):
         return _encode(value.item())
@@ -79,18 +94,14 @@ def _encode(value: Any) -> Any:
     if isinstance(value, Path):
         return {"path": str(value)}
     kind = type(value)
-    if not kind.__module__.startswith(PACKAGE):
-        raise TypeError(f"cannot store a {_type_name(kind)}: only plain data, numpy arrays "
-                        f"and {PACKAGE}'s own value types")
-    if isinstance(value, enum.Enum):
-        return {"enum": [_type_name(kind), _encode(value.value)]}
+    name = _own_name(kind)
     if dataclasses.is_dataclass(value):
         fields = {f.name: _encode(getattr(value, f.name)) for f in dataclasses.fields(value)}
-        return {"dataclass": [_type_name(kind), fields]}
+        return {"dataclass": [name, fields]}
     if isinstance(value, tuple) and hasattr(kind, "_fields"):
-        return {"namedtuple": [_type_name(kind), [_encode(v) for v in value]]}
+        return {"namedtuple": [name, [_encode(v) for v in value]]}
     if isinstance(value, Records) and set(vars(value)) == {"_items"}:
-        return {"records": [_type_name(kind), [_encode(v) for v in value]]}
+        return {"records": [name, [_encode(v) for v in value]]}
     raise TypeError(f"cannot store a {_type_name(kind)}: not a dataclass, enum or Records")
 
 
@@ -139,7 +150,7 @@ def _decode(data: Any) -> Any:
 def _own_type(name: str) -> type:
     """The class ``module:qualname`` names, only from this package's modules."""
     module, _, qualname = name.partition(":")
-    if module != PACKAGE and not module.startswith(f"{PACKAGE}."):
+    if not _ours(module):
         raise ValueError(f"a stored {name}: only {PACKAGE}'s own types are rebuilt")
     found: Any = importlib.import_module(module)
     for part in qualname.split("."):

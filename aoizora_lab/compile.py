@@ -94,7 +94,6 @@ class CompileStatus(enum.StrEnum):
     """Any other compiler or tracing error, or a cache that could not be written."""
 
 
-STATUSES = tuple(CompileStatus)
 CACHED_STATUSES = (CompileStatus.OK, CompileStatus.OOM)
 """Deterministic outcomes, kept in the cache; the others are retried next time."""
 

@@ -39,11 +39,9 @@ bidirectional ring sends ``c[i] -> c[i+1]`` and back, the closing pair included 
 
 def kernel_cache_dir() -> Path:
     """Where numba keeps the compiled kernels: ``numba/`` in the user's cache folder."""
-    import platformdirs
+    from aoizora_lab.versions import user_cache_dir
 
-    from aoizora_lab.versions import APP_NAME
-
-    return Path(platformdirs.user_cache_dir(APP_NAME, appauthor=False)) / "numba"
+    return user_cache_dir() / "numba"
 
 
 def _kernel(function: Callable[..., Any]) -> Callable[..., Any]:

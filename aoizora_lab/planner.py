@@ -312,9 +312,7 @@ def _sorted_outcomes(jobs: Sequence[CompileJob], outcomes: dict[tuple[str, str],
     """The survivors' outcomes (first flag set first, each in pruning's order) but the ones
     the flag rule spared, the spared ones, and the setups' outcomes that are no survivor's."""
     def order(job: CompileJob) -> tuple[int, int]:
-        survivor = min((o.flag_index, o.rank) for o in job.origins
-                       if o.kind is OriginKind.SURVIVOR)
-        return survivor
+        return min((o.flag_index, o.rank) for o in job.origins if o.kind is OriginKind.SURVIVOR)
 
     survivors = sorted((j for j in jobs if any(o.kind is OriginKind.SURVIVOR
                                                for o in j.origins)), key=order)

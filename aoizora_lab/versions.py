@@ -52,8 +52,13 @@ def cache_root() -> Path:
     (``~/.cache/aoizora-lab`` on Linux); compiles go to its ``compile/`` folder, IR traces to
     ``ir/``, memoized results to a folder per kind."""
     chosen = os.environ.get(CACHE_ENV)
-    if chosen:
-        return Path(chosen)
+    return Path(chosen) if chosen else user_cache_dir()
+
+
+def user_cache_dir() -> Path:
+    """The user's own cache folder for ``aoizora-lab`` (``~/.cache/aoizora-lab`` on Linux),
+    whatever ``$AOIZORA_LAB_CACHE_DIR`` says: the default :func:`cache_root`, and where what
+    only this user should write lives (numba's kernels, :mod:`aoizora_lab.flow_kernels`)."""
     import platformdirs
 
     return Path(platformdirs.user_cache_dir(APP_NAME, appauthor=False))

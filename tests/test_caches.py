@@ -8,6 +8,7 @@ import pytest
 import aoizora_lab as az
 from aoizora_lab import codec, cost, placement, versions
 from aoizora_lab.candidates import Candidate
+from aoizora_lab.compile import CompileStatus
 from aoizora_lab.hardware import device_spec
 from aoizora_lab.hlo import CommProgram
 from aoizora_lab.placement import rank_placements
@@ -138,11 +139,13 @@ def test_a_stored_value_comes_back_equal_with_its_types(tmp_path):
     program = _mesh_program(az.Topology.simulated((2, 4), generation="v5e"))
     value = {"program": program, ("a", 1): frozenset({(1, 2), (3,)}), "path": tmp_path,
              "source": placement.Source.STRUCTURED, "numbers": [np.float32(1.5), np.int64(3)],
+             "status": CompileStatus.OOM,
              "array": np.arange(6, dtype=np.float32).reshape(2, 3), "nan": float("nan")}
     again = codec.loads(codec.dumps(value))
     assert again["program"] == program and isinstance(again["program"].collectives, tuple)
     assert again[("a", 1)] == value[("a", 1)] and again["path"] == tmp_path
     assert again["source"] is placement.Source.STRUCTURED
+    assert again["status"] is CompileStatus.OOM  # a str enum stays an enum, not its word
     assert again["numbers"] == [1.5, 3] and np.isnan(again["nan"])
     assert again["array"].dtype == np.float32 and np.array_equal(again["array"], value["array"])
     assert codec.dumps(again) == codec.dumps(value)  # one text per value: fit for a key
