@@ -222,6 +222,8 @@ class NotRunReason(enum.Enum):
     CANNOT_WIN = "cannot win"
     """A further flag set of a survivor whose compute alone under its first flag set is no
     faster than a step already priced: flags cannot make it the plan."""
+    BUDGET = "compile budget"
+    """A survivor beyond the plan's compile budget (``PlanOptions.max_compiled``)."""
 
 
 @dataclass(frozen=True)
@@ -278,24 +280,30 @@ class Compiles(Records[Outcome]):
     def traffic(self) -> pd.DataFrame:
         """Collective bytes per device per step of every ``ok`` compile, by kind and schedule.
 
-        One row per (candidate, kind, schedule) present: ``candidate``, ``kind``, ``schedule``
-        (``async``: the compiler scheduled it asynchronously, so it may hide behind compute;
-        ``sync``: it adds to the step), ``collective`` (``"all-gather (async)"``) and ``gb``
-        (bytes x runs per step / 1e9, over that kind's collectives). Candidates keep the compile
-        order; compiles that are not ``ok`` have no program and no rows.
+        One row per (compile, kind, schedule) present: ``candidate``, ``flags`` (its flags
+        label), ``program`` (the candidate's name, with `` · flags`` where these compiles hold
+        several flag sets), ``kind``, ``schedule`` (``async``: the compiler scheduled it
+        asynchronously, so it may hide behind compute; ``sync``: it adds to the step),
+        ``collective`` (``"all-gather (async)"``) and ``gb`` (bytes x runs per step / 1e9, over
+        that kind's collectives). Compiles keep their order; those that are not ``ok`` have no
+        program and no rows.
         """
         import pandas as pd
 
         rows = []
+        several = len({r.flags.label for r in self.ok}) > 1
         for result in self.ok:
             frame = result.program.to_frame()
             frame["schedule"] = frame["asynchronous"].map({True: "async", False: "sync"})
             frame["gb"] = frame["bytes"] * frame["count"] / 1e9
+            name, flags = result.candidate.name, result.flags.label
             for (kind, schedule), gb in frame.groupby(["kind", "schedule"])["gb"].sum().items():
-                rows.append({"candidate": result.candidate.name, "kind": kind,
+                rows.append({"candidate": name, "flags": flags,
+                             "program": f"{name} · {flags}" if several else name, "kind": kind,
                              "schedule": schedule, "collective": f"{kind} ({schedule})",
                              "gb": float(gb)})
-        return pd.DataFrame(rows, columns=["candidate", "kind", "schedule", "collective", "gb"])
+        return pd.DataFrame(rows, columns=["candidate", "flags", "program", "kind", "schedule",
+                                           "collective", "gb"])
 
     def row(self, item: Outcome) -> dict[str, Any]:
         if isinstance(item, NotRun):

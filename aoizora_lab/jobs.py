@@ -101,6 +101,10 @@ class CompileJob:
     """Why it is in the plan (several when a setup is also a survivor)."""
     estimate_s: float = math.nan
     """Pruning's IR estimate of the candidate (NaN: none)."""
+    could_win: bool = True
+    """Pruning's lower bound leaves it a chance to be the plan
+    (:meth:`~aoizora_lab.prune.Pruning.could_win`): a time-limited plan runs the systems'
+    setups that could win before further survivors."""
 
     @property
     def key(self) -> Key:
@@ -124,11 +128,14 @@ class CompileJob:
 
 
 def build_jobs(kept: Sequence[Candidate], flag_sets: Sequence[CompilerFlags],
-               setups: Sequence[SystemSetups], estimate: Callable[[Candidate], float]
+               setups: Sequence[SystemSetups], estimate: Callable[[Candidate], float],
+               could_win: Callable[[Candidate], bool] = lambda candidate: True
                ) -> list[CompileJob]:
     """Every compile of a plan, each once: the survivors with each flag set (first flag set
     first, in pruning's order), then each system's and the user's setups; ``estimate``: a
-    candidate's IR estimate (:func:`~aoizora_lab.baselines.estimate_of`)."""
+    candidate's IR estimate (:func:`~aoizora_lab.baselines.estimate_of`); ``could_win``:
+    whether pruning's lower bound leaves it a chance
+    (:meth:`~aoizora_lab.prune.Pruning.could_win`)."""
     origins: dict[Key, list[Origin]] = {}
     made: dict[Key, tuple[Candidate, CompilerFlags]] = {}
 
@@ -146,7 +153,7 @@ def build_jobs(kept: Sequence[Candidate], flag_sets: Sequence[CompilerFlags],
         for n, s in enumerate(group.setups):
             add(s.candidate, s.flags, Origin(kind, rank=n, system=group.name, group=g,
                                              recipe=s.recipe))
-    return [CompileJob(c, f, tuple(origins[key]), estimate(c))
+    return [CompileJob(c, f, tuple(origins[key]), estimate(c), could_win(c))
             for key, (c, f) in made.items()]
 
 
@@ -231,6 +238,18 @@ def flag_rule(job: CompileJob, outcomes: Outcomes, prices: Prices) -> NotRun | N
     return None
 
 
+def budget_rule(job: CompileJob, max_survivors: int | None) -> NotRun | None:
+    """The compile budget: only the ``max_survivors`` best survivors by IR estimate compile
+    (``None``: every one); a system's or the user's setup is never held back by it.
+    ``None`` to run ``job``."""
+    if max_survivors is None or job.for_setup or _rank(job) < max_survivors:
+        return None
+    return NotRun(job.candidate, job.flags, NotRunReason.BUDGET,
+                  f"not compiled: beyond the compile budget (the {max_survivors} best "
+                  f"survivors by IR estimate, max_compiled={max_survivors}); raise it, or "
+                  "None to compile every survivor")
+
+
 Lane = list[CompileJob]
 """Jobs run one after the other (a survivor's flag sets)."""
 Round = list[Lane]
@@ -238,10 +257,14 @@ Round = list[Lane]
 starts when the one before has ended."""
 
 
+@dataclass(frozen=True)
 class FullSearch:
-    """Every job runs but those the flag rule spares: every survivor's first flag set, then
-    their further flag sets (judged against the best of every first compile), then the
-    setups not run yet."""
+    """Every job runs but those the flag rule (and the compile budget) spare: every
+    survivor's first flag set, then their further flag sets (judged against the best of every
+    first compile), then the setups not run yet."""
+
+    max_survivors: int | None = None
+    """The compile budget (:func:`budget_rule`; ``None``: every survivor)."""
 
     def rounds(self, jobs: Sequence[CompileJob]) -> list[Round]:
         """The module docstring's three rounds."""
@@ -257,8 +280,8 @@ class FullSearch:
 
     def admit(self, job: CompileJob, outcomes: Outcomes, prices: Prices,
               queue: CompileQueue) -> NotRun | None:
-        """Run it unless the flag rule spares it."""
-        return flag_rule(job, outcomes, prices)
+        """Run it unless the compile budget or the flag rule spares it."""
+        return budget_rule(job, self.max_survivors) or flag_rule(job, outcomes, prices)
 
     def finish(self, result: CompiledCandidate, seconds: float, queue: CompileQueue) -> None:
         """Nothing to keep."""
@@ -266,7 +289,8 @@ class FullSearch:
 
 class TimeLimited:
     """Answer within ``seconds``: the full search's jobs in an order that reaches the likely
-    winners first, and no job starts that would end after the limit.
+    winners, and every system's chance to beat them, first; no job starts that would end
+    after the limit.
 
     The clock starts with the plan (its IR traces count, :meth:`traced`). Once a compile and
     its placement search have come back, a compile starts only if one more such step, at the
@@ -275,22 +299,34 @@ class TimeLimited:
     a time: rounds end at 66, 112, ... 296 s; a seventh would end at ~342 s and does not
     start.
 
-    One round of lanes: the best survivor with all its flag sets; the user's setups (never
-    limited); each system's best-estimate setup, so every system is priced on at least one;
-    then the other survivors by IR estimate, each system's other setups slotted in where
-    their estimate falls among the survivors'. Each program is placed as it comes back, so
-    the limit counts placement too.
+    One round of lanes, so that a quick answer never claims a win it has not checked:
+
+    1. the best survivor with all its flag sets (a plan needs a program);
+    2. the user's setups (never limited);
+    3. each system's best-estimate setup, so every system is priced on at least one;
+    4. every other setup of a system that could win (:attr:`CompileJob.could_win`: pruning's
+       lower bound does not rule it out), best estimate first: the IR estimate has no
+       schedule, so a setup it ranks below the best survivor may still win once its flags
+       hide its communication;
+    5. the other survivors by IR estimate, each with all its flag sets, and the setups that
+       cannot win slotted in where their estimate falls among the survivors'.
+
+    Worked example: survivors A (1.0 s), B (2.0 s); MaxDiffusion's setups M1 (0.9 s), M2
+    (2.5 s, could win) and M3 (9 s, cannot win): A, M1, M2, B, M3. Each program is placed as
+    it comes back, so the limit counts placement too.
 
     The same plan again (``started``: what its first run started) starts exactly those
     compiles, reading them back, so it answers at once with the same plan. Work read back
     from the caches is charged what it cost when it ran, so a longer limit spends only the
-    difference; whatever the caches hold is read, past the limit too.
+    difference; whatever the caches hold is read, past the limit too. ``max_survivors``: the
+    compile budget (:func:`budget_rule`) on top of the limit.
     """
 
     def __init__(self, seconds: float, topology: Topology, *, budget: int, top: int,
-                 started: frozenset[Key] | None = None) -> None:
+                 started: frozenset[Key] | None = None,
+                 max_survivors: int | None = None) -> None:
         self.seconds, self.topology, self.budget, self.top = seconds, topology, budget, top
-        self.started = started
+        self.started, self.max_survivors = started, max_survivors
         self.start = time.monotonic()
         self.deadline = self.start + seconds
         self.steps: list[float] = []
@@ -312,9 +348,11 @@ class TimeLimited:
         setups = _setups_by_system(jobs)
         users = [[j] for j in setups.pop(USER, [])]
         firsts = [[group[0]] for group in setups.values()]
-        rest = sorted(((j.estimate_s, n, j) for group in setups.values()
-                       for n, j in enumerate(group[1:])), key=lambda t: t[:2])
-        ordered: Round = [*lanes[:1], *users, *firsts]
+        others = sorted(((j.estimate_s, n, j) for group in setups.values()
+                         for n, j in enumerate(group[1:])), key=lambda t: t[:2])
+        contenders = [[j] for *_, j in others if j.could_win]
+        rest = [t for t in others if not t[2].could_win]
+        ordered: Round = [*lanes[:1], *users, *firsts, *contenders]
         for lane in lanes[1:]:
             while rest and rest[0][0] <= lane[0].estimate_s:
                 ordered.append([rest.pop(0)[2]])
@@ -324,9 +362,9 @@ class TimeLimited:
 
     def admit(self, job: CompileJob, outcomes: Outcomes, prices: Prices,
               queue: CompileQueue) -> NotRun | None:
-        """The flag rule, then the limit (never for the user's setup, nor for a compile the
-        cache holds)."""
-        spared = flag_rule(job, outcomes, prices)
+        """The compile budget and the flag rule, then the limit (never for the user's setup,
+        nor for a compile the cache holds)."""
+        spared = budget_rule(job, self.max_survivors) or flag_rule(job, outcomes, prices)
         if spared is not None or job.for_user or queue.cached(job.candidate, job.flags):
             return spared
         if self.started is not None:

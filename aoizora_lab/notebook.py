@@ -29,6 +29,7 @@ contract::
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -88,20 +89,33 @@ class NotebookInputs:
     ``None`` compiles the full depth."""
     budget: int
     """Placement evaluations per compiled candidate."""
+    time_limit: float | None = None
+    """Seconds the plan may take (:class:`~aoizora_lab.jobs.TimeLimited`); ``None``: the full
+    search."""
 
     @property
     def options(self) -> PlanOptions:
-        """The search these parameters ask for: the full search at this depth and budget."""
-        return FULL_SEARCH.replace(num_layers=self.layers, budget=self.budget)
+        """The search these parameters ask for, at this depth and budget: the full search, or
+        the command line's time-limited one."""
+        return FULL_SEARCH.replace(num_layers=self.layers, budget=self.budget,
+                                   time_limit_s=self.time_limit)
+
+    @property
+    def search(self) -> str:
+        """Which search, in words, for the report's records."""
+        return ("full search" if self.time_limit is None
+                else f"time limit {self.time_limit:g} s")
 
 
-def notebook_inputs(*, case: Any, layers: Any = None, budget: Any = 20_000) -> NotebookInputs:
+def notebook_inputs(*, case: Any, layers: Any = None, budget: Any = 20_000,
+                    time_limit: Any = None) -> NotebookInputs:
     """Check a notebook's parameters as papermill injected them and build the library values.
 
     ``case`` is one case spec, ``MODEL@WIDTHxHEIGHT[xFRAMES][-nocfg][-textN]/SLICE`` (see
-    :mod:`aoizora_lab.cases`). Example: ``notebook_inputs(case="wan2.1-t2v-14b@1280x720x81/"
-    "v5e:4x4", layers=2)``. A bad value raises :class:`AoizoraError` naming it and what is
-    accepted (papermill itself only warns).
+    :mod:`aoizora_lab.cases`); ``time_limit``: seconds the plan may take, or ``None`` for the
+    full search. Example: ``notebook_inputs(case="wan2.1-t2v-14b@1280x720x81/v5e:4x4",
+    layers=2)``. A bad value raises :class:`AoizoraError` naming it and what is accepted
+    (papermill itself only warns).
     """
     parsed = _parse_case(case)
     workload = parsed.workload
@@ -113,7 +127,13 @@ def notebook_inputs(*, case: Any, layers: Any = None, budget: Any = 20_000) -> N
     if not is_whole(budget, 0):
         raise AoizoraError(f"budget={budget!r} must be a whole number of placement "
                            "evaluations >= 0, e.g. 20000.")
-    return NotebookInputs(parsed, workload, parsed.topology(), layers, budget)
+    if time_limit is not None and (isinstance(time_limit, bool) or not isinstance(
+            time_limit, int | float) or not 0 < time_limit < math.inf):
+        raise AoizoraError(f"time_limit={time_limit!r}: give a positive number of seconds "
+                           "(300 answers as `aoizora-lab plan` does), or None for the full "
+                           "search.")
+    return NotebookInputs(parsed, workload, parsed.topology(), layers, budget,
+                          None if time_limit is None else float(time_limit))
 
 
 def record(name: str, value: Any) -> None:

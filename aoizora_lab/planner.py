@@ -168,8 +168,8 @@ def plan(workload: Workload, topology: Topology, options: PlanOptions = FULL_SEA
 
     ``options`` (:class:`~aoizora_lab.options.PlanOptions`; default the full search) says how:
     depth, budgets, flag sets, limits, caches. A quick answer: ``max_compiled`` compiles at
-    most that many survivors, the IR's best (:func:`~aoizora_lab.prune.prune`'s ``max_kept``;
-    where estimates tie, the compiled winner may be among those left out), and
+    most that many survivors, the IR's best (:func:`~aoizora_lab.jobs.budget_rule`; where
+    estimates tie, the compiled winner may be among those left out), and
     ``systems=False`` skips the existing systems' setups (the headline then has no system to
     compare with). ``time_limit_s`` answers within that many seconds
     (:class:`~aoizora_lab.jobs.TimeLimited`); a system priced on only some setups is named in
@@ -179,12 +179,13 @@ def plan(workload: Workload, topology: Topology, options: PlanOptions = FULL_SEA
     """
     compare, flag_sets = _checked(workload, topology, options)
     stages = _Stages(workload, topology, quiet=options.quiet)
-    policy: Admission = FullSearch() if options.time_limit_s is None else TimeLimited(
-        options.time_limit_s, topology, budget=options.budget, top=options.top_placements)
+    policy: Admission = FullSearch(options.max_compiled) if options.time_limit_s is None \
+        else TimeLimited(options.time_limit_s, topology, budget=options.budget,
+                         top=options.top_placements, max_survivors=options.max_compiled)
     space = explain_candidates(workload, topology)
     stages.next("candidates", f"{len(space.valid)} valid candidates; tracing their IR")
     pruning = prune(space.valid, workload, topology, keep=options.keep,
-                    ir_cache_dir=options.ir_cache_dir, max_kept=options.max_compiled)
+                    ir_cache_dir=options.ir_cache_dir)
     _check_survivors(pruning, workload, topology)
     first_run = _first_run(policy, pruning, workload, topology, options)
     stages.next("pruned", f"{len(pruning.kept)} kept by the IR estimates; compiling them with "
@@ -286,7 +287,8 @@ def _run_compiles(workload: Workload, topology: Topology, options: PlanOptions,
     worker idles at the end of one round while another waits); then the setups whose
     recipe's flags failed, once more without them (:func:`with_fallbacks`). Returns the jobs,
     every outcome by key, and the setups with their fallbacks."""
-    jobs = build_jobs(pruning.kept, flag_sets, setups, partial(estimate_of, pruning))
+    jobs = build_jobs(pruning.kept, flag_sets, setups, partial(estimate_of, pruning),
+                      pruning.could_win)
     rounds = policy.rounds(jobs)
     prices, outcomes = Prices(topology), Outcomes()
     pool = executor or compile_executor(workload, topology, cache_dir=options.cache_dir,
@@ -297,7 +299,8 @@ def _run_compiles(workload: Workload, topology: Topology, options: PlanOptions,
                           describe=prices, expected=len(jobs), at_most=True) as queue:
             run_jobs(rounds, policy, queue, prices, outcomes)
             setups = with_fallbacks(setups, outcomes.snapshot())
-            again = [j for j in build_jobs((), (), setups, partial(estimate_of, pruning))
+            again = [j for j in build_jobs((), (), setups, partial(estimate_of, pruning),
+                                           pruning.could_win)
                      if outcomes.get(j.key) is None]
             queue.expect(len(again))
             run_jobs([[[j] for j in again]], policy, queue, prices, outcomes)

@@ -11,9 +11,13 @@ Rules, applied to every candidate in order (the first that applies decides):
    ``estimate_margin`` (default 10 %: candidates that fit share most of their compute, so the
    estimates of the contenders sit within a few per cent of each other).
 4. **Over the compile budget**: beyond the best ``max_fraction`` (default a quarter) of all
-   candidates by estimate, or beyond ``max_kept`` when given (a quick search).
-5. The ``keep`` best candidates by estimate that fit are always kept, whatever rules 2-4 say
-   (up to ``max_kept``), so a poor estimate can never empty the compile queue.
+   candidates by estimate.
+5. The ``keep`` best candidates by estimate that fit are always kept, whatever rules 2-4 say,
+   so a poor estimate can never empty the compile queue.
+
+A quick answer's tighter budget (``PlanOptions.max_compiled``) is not pruning's: the plan
+keeps every survivor and its admission policy compiles only the best few
+(:func:`aoizora_lab.jobs.budget_rule`), so the records still say what pruning kept.
 
 Estimates apply the overlap rule, so when every collective hides behind compute many
 candidates tie; estimates equal to 3 significant digits are ranked by their communication
@@ -43,7 +47,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from aoizora_lab.candidates import Candidate
-from aoizora_lab.errors import AoizoraError, is_whole
+from aoizora_lab.errors import AoizoraError
 from aoizora_lab.hardware import device_spec
 from aoizora_lab.ir_estimate import (
     IRCacheDir,
@@ -152,6 +156,15 @@ class Pruning(Records[PruneDecision]):
         likeliest winners are priced (and shown as the best so far) first."""
         return [d.candidate for d in self if d.verdict.keep]
 
+    def could_win(self, candidate: Candidate) -> bool:
+        """Whether ``candidate`` may still be the fastest: rules 1 and 2 do not rule it out
+        and its trace did not fail (the estimate's rules 3-4 do not count: the IR has no
+        schedule, and flags that hide communication can lift a candidate it ranks low). A
+        candidate pruning never saw may."""
+        found = [d for d in self if d.candidate.name == candidate.name]
+        return not found or found[0].verdict not in (Verdict.OVER_HBM, Verdict.CANNOT_WIN,
+                                                     Verdict.TRACE_FAILED)
+
     def decision(self, name: str) -> PruneDecision:
         """The decision on the candidate called ``name``."""
         for d in self:
@@ -174,28 +187,18 @@ class Pruning(Records[PruneDecision]):
 
 def prune(candidates: Sequence[Candidate], workload: Workload, topology: Topology, *,
           keep: int = 3, bound_margin: float = 0.25, estimate_margin: float = 0.1,
-          max_fraction: float = 0.25, max_kept: int | None = None,
+          max_fraction: float = 0.25,
           estimates: dict[str, IREstimate | str] | None = None,
           dtype: Any = None, ir_cache_dir: IRCacheDir = None,
           ) -> Pruning:
-    """Decide for every candidate (rules in the module docstring); best estimate first.
-
-    ``max_kept``: keep at most this many (the best estimates), whatever rules 3-5 allow: a
-    compile budget for a quick answer, at the risk of dropping the compiled winner where
-    estimates tie (rule 4's reason names it).
-    """
+    """Decide for every candidate (rules in the module docstring); best estimate first."""
     if keep < 1 or bound_margin < 0 or estimate_margin < 0 or not 0 < max_fraction <= 1:
         raise AoizoraError(
             f"prune needs keep >= 1, non-negative margins and 0 < max_fraction <= 1; got "
             f"keep={keep}, bound_margin={bound_margin}, estimate_margin={estimate_margin}, "
             f"max_fraction={max_fraction}."
         )
-    if max_kept is not None and not is_whole(max_kept, 1):
-        raise AoizoraError(f"prune(max_kept={max_kept!r}): give a whole number >= 1 (how many "
-                           "candidates to compile at most), or None for no limit.")
     budget = max(keep, math.floor(max_fraction * len(candidates)))
-    if max_kept is not None:
-        keep, budget = min(keep, max_kept), min(budget, max_kept)
     estimates = estimates or estimate_candidates(candidates, workload, topology, dtype=dtype,
                                                  ir_cache_dir=ir_cache_dir)
     usable = device_spec(topology).hbm_usable_bytes

@@ -7,7 +7,7 @@
 #       extension: .py
 #       format_name: percent
 #       format_version: '1.3'
-#       jupytext_version: 1.19.6
+#       jupytext_version: 1.19.7
 # ---
 
 # %% [markdown]
@@ -26,6 +26,7 @@
 case = "wan2.1-t2v-1.3b@832x480x81/v5e:2x4"
 layers = 2
 budget = 20000
+time_limit = 300.0  # seconds; None: the full search
 plan_file = ""
 
 # %% [markdown]
@@ -45,7 +46,8 @@ from aoizora_lab.planner import plan
 from aoizora_lab.realize import Plan
 from aoizora_lab.topology import Topology
 
-inputs = notebook_inputs(case=case, layers=layers, budget=budget)
+inputs = notebook_inputs(case=case, layers=layers, budget=budget,
+                         time_limit=time_limit)
 workload, slice_ = inputs.workload, inputs.topology
 result = plan(workload, slice_, inputs.options)
 best = result.best

@@ -30,8 +30,13 @@ def planned():
 def test_a_quick_plan_compiles_the_best_estimates_only_and_no_system(planned):
     quick = plan(WORKLOAD, planned.best.topology,
                  PlanOptions(budget=400, max_compiled=2, systems=False))
-    assert quick.pruning.kept == planned.pruning.kept[:2]
-    assert {r.candidate.name for r in quick.compiled} == {c.name for c in quick.pruning.kept}
+    assert quick.pruning.kept == planned.pruning.kept  # a budget of compiles, not of pruning
+    assert [r.candidate.name for r in quick.compiled.ran] == [
+        c.name for c in quick.pruning.kept[:2]]
+    assert {r.candidate.name for r in quick.compiled.not_run} == {
+        c.name for c in quick.pruning.kept[2:]}
+    assert all(r.reason is NotRunReason.BUDGET and "max_compiled=2" in r.message
+               for r in quick.compiled.not_run)
     assert not list(quick.baselines) and not list(quick.baseline_compiles)
     assert quick.headline.best_system == "" and np.isnan(quick.headline.vs_existing)
     # The best of fewer programs, placed by the same (deterministic) search.
@@ -213,7 +218,7 @@ def _replay(kept, by_key, topology, further, interleaved):
     return expected, spared
 
 
-def test_a_time_limited_plan_puts_the_systems_setups_among_the_survivors():
+def test_a_time_limited_plan_runs_the_setups_that_could_win_before_further_survivors():
     from aoizora_lab.baselines import Setup, SystemSetups
     from aoizora_lab.candidates import explain_candidates
     from aoizora_lab.compile import CompiledCandidate, compiler_flags
@@ -221,7 +226,7 @@ def test_a_time_limited_plan_puts_the_systems_setups_among_the_survivors():
 
     topology = az.Topology.simulated((2, 4), devices=jax.devices()[:8])
     valid = list(explain_candidates(WORKLOAD, topology).valid)
-    kept, others = valid[:4], valid[4:7]
+    kept, others = valid[:4], valid[4:8]
     default, further = compiler_flags("default"), compiler_flags("maxdiffusion-ulysses")
 
     class Queue:  # the schedule alone: every compile "fails", so no flag set is spared
@@ -241,17 +246,20 @@ def test_a_time_limited_plan_puts_the_systems_setups_among_the_survivors():
         return Setup(system, candidate.name, candidate, Placement(tuple(range(8)), "plain"),
                      flags)
 
-    def run(limit_s, setups):
-        jobs = build_jobs(kept, [default, further], setups, lambda c: estimates[c.name])
-        policy, outcomes = TimeLimited(limit_s, topology, budget=10, top=1), Outcomes()
+    def run(limit_s, setups, max_survivors=None):
+        jobs = build_jobs(kept, [default, further], setups, lambda c: estimates[c.name],
+                          lambda c: c != others[3])
+        policy = TimeLimited(limit_s, topology, budget=10, top=1, max_survivors=max_survivors)
+        outcomes = Outcomes()
         run_jobs(policy.rounds(jobs), policy, Queue(), Prices(topology), outcomes)
         assert {j.key for j in jobs} == set(outcomes.snapshot())  # every job has an outcome
         return jobs, outcomes.snapshot()
 
     estimates = {c.name: 1.0 + i for i, c in enumerate(kept)}  # kept[i]: 1, 2, 3, 4
-    estimates.update({others[0].name: 0.5, others[1].name: 2.5, others[2].name: 9.0})
-    setups = [SystemSetups("a-system", (), (setup(others[0]), setup(others[1]),
-                                            setup(kept[3]))),
+    estimates.update({others[0].name: 0.5, others[1].name: 2.5, others[2].name: 9.0,
+                      others[3].name: 2.7})
+    setups = [SystemSetups("a-system", (), (setup(others[0]), setup(others[3]),
+                                            setup(others[1]), setup(kept[3]))),
               SystemSetups(USER, (), (setup(others[2], USER),))]
     calls, skips = [], []
     jobs, outcomes = run(1e6, setups)
@@ -259,11 +267,13 @@ def test_a_time_limited_plan_puts_the_systems_setups_among_the_survivors():
     def both(c):
         return [(c.name, default.label), (c.name, further.label)]
 
-    # The first survivor, yours, the system's best estimate; then by estimate, the system's
-    # setup that is also a survivor (same flags) compiled once, before that survivor.
+    # The first survivor, yours, the system's best estimate, then its other setups that could
+    # win (the one that is also a survivor compiled once) before further survivors, the one
+    # that cannot win where its estimate falls among them.
     assert calls == [*both(kept[0]), (others[2].name, "default"), (others[0].name, "default"),
-                     *both(kept[1]), (others[1].name, "default"), *both(kept[2]),
-                     (kept[3].name, "default"), (kept[3].name, further.label)]
+                     (others[1].name, "default"), (kept[3].name, "default"),
+                     *both(kept[1]), (others[3].name, "default"), *both(kept[2]),
+                     (kept[3].name, further.label)]
     assert not skips  # built once each: nothing to skip
     shared = next(j for j in jobs if j.key == (kept[3].name, "default"))
     assert {o.kind for o in shared.origins} == {OriginKind.SURVIVOR, OriginKind.SYSTEM}
@@ -277,6 +287,14 @@ def test_a_time_limited_plan_puts_the_systems_setups_among_the_survivors():
     assert set(ran) == {(kept[0].name, "default"), (kept[2].name, further.label)}
     assert {o.reason for k, o in outcomes.items() if k not in ran} == {
         NotRunReason.TIME_LIMIT}
+    # A compile budget of two survivors: the others' compiles are not run, whatever the
+    # limit, but a system's setup that is also a survivor is (the system runs it).
+    calls, skips = [], []
+    _, outcomes = run(1e6, setups, max_survivors=2)
+    budget = {k for k, o in outcomes.items()
+              if isinstance(o, NotRun) and o.reason is NotRunReason.BUDGET}
+    assert budget == {*both(kept[2]), (kept[3].name, further.label)}
+    assert not budget & set(calls) and (kept[3].name, "default") in calls
 
 
 @pytest.mark.slow  # compiles in child processes

@@ -1,9 +1,11 @@
+import math
+
 import pytest
 from tiny import TINY, WORKLOAD
 
 import aoizora_lab as az
 from aoizora_lab.candidates import enumerate_candidates
-from aoizora_lab.prune import Verdict, estimate_candidates, prune
+from aoizora_lab.prune import Pruning, Verdict, estimate_candidates, prune
 
 CASES = [pytest.param(("wan2.1-t2v-14b", "720p", "v5e:4x4"), marks=pytest.mark.slow),  # 76 traces
          ("wan2.1-t2v-1.3b", "480p", "v5e:2x4")]
@@ -81,23 +83,29 @@ def test_bad_pruning_options_are_named(swept):
     workload, topology, candidates, estimates = swept
     with pytest.raises(az.AoizoraError, match="keep=0"):
         prune(candidates, workload, topology, keep=0, estimates=estimates)
-    for bad in (0, 1.5, True):
-        with pytest.raises(az.AoizoraError, match=f"max_kept={bad!r}"):
-            prune(candidates, workload, topology, max_kept=bad, estimates=estimates)
 
 
-def test_a_compile_budget_keeps_the_best_estimates_only(swept):
-    from aoizora_lab.prune import Verdict
+def test_could_win_follows_the_lower_bound_not_the_estimate(swept):
+    import dataclasses
 
     workload, topology, candidates, estimates = swept
-    full = prune(candidates, workload, topology, estimates=estimates)
-    quick = prune(candidates, workload, topology, estimates=estimates, max_kept=2)
-    assert len(full.kept) > 2 and quick.kept == full.kept[:2]
-    dropped = [quick.decision(c.name) for c in full.kept[2:]]
-    assert all(d.verdict is Verdict.OVER_BUDGET and "best 2 of" in d.reason for d in dropped)
-    # Everything else is decided as without the budget.
-    assert {d.candidate.name: d.verdict for d in quick if d.candidate not in full.kept} == {
-        d.candidate.name: d.verdict for d in full if d.candidate not in full.kept}
+    ranked = sorted(estimates, key=lambda n: estimates[n].estimate_seconds)
+    best = estimates[ranked[0]].estimate_seconds
+    # Three candidates of the middle given a lower bound no placement could beat.
+    estimates = dict(estimates)
+    for name in ranked[4:7]:
+        estimates[name] = dataclasses.replace(estimates[name], lower_bound_seconds=2 * best)
+    pruning = prune(candidates, workload, topology, estimates=estimates, keep=1,
+                    estimate_margin=0.0)
+    verdicts = {d.verdict for d in pruning}
+    assert {Verdict.CANNOT_WIN, Verdict.UNLIKELY} <= verdicts  # both sides exercised
+    for d in pruning:
+        bound = d.estimate.lower_bound_seconds if d.estimate is not None else math.inf
+        # Ruled out where it cannot fit, or the bound leaves no chance and it is not among
+        # the kept best; an estimate far from the best (unlikely to win) still could.
+        hopeless = d.verdict is Verdict.OVER_HBM or (not d.verdict.keep and bound > 1.25 * best)
+        assert pruning.could_win(d.candidate) is not hopeless, d
+    assert Pruning([]).could_win(pruning[0].candidate)  # one pruning never saw may
 
 
 def test_when_every_trace_fails_the_table_is_whole_and_plan_says_why(monkeypatch):

@@ -502,7 +502,9 @@ EXPECTED_TRAFFIC = {
 def test_compiles_traffic_sums_bytes_by_kind_and_schedule_of_ok_compiles():
     traffic = _compiles().traffic()
 
-    assert list(traffic.columns) == ["candidate", "kind", "schedule", "collective", "gb"]
+    assert list(traffic.columns) == ["candidate", "flags", "program", "kind", "schedule",
+                                     "collective", "gb"]
+    assert (traffic["program"] == traffic["candidate"]).all()  # one flag set: named as is
     got = {(c, label): gb for c, label, gb in
            zip(traffic["candidate"], traffic["collective"], traffic["gb"], strict=True)}
     assert got.keys() == EXPECTED_TRAFFIC.keys()  # tp8 did not compile: no rows
@@ -510,6 +512,24 @@ def test_compiles_traffic_sums_bytes_by_kind_and_schedule_of_ok_compiles():
         assert got[key] == pytest.approx(gb), key
     assert list(dict.fromkeys(traffic["candidate"])) == ["cfg2-ctx4-fsdp", "cfg2-ring4"]
     assert set(traffic["schedule"]) == {"async", "sync"}
+
+
+def test_a_candidate_compiled_with_two_flag_sets_is_two_programs():
+    import dataclasses
+
+    from aoizora_lab.compile import Compiles, compiler_flags
+
+    compiles = _compiles()
+    again = dataclasses.replace(compiles.ok[0], flags=compiler_flags("maxdiffusion-ulysses"))
+    traffic = Compiles([*compiles, again]).traffic()
+    assert list(dict.fromkeys(traffic["program"])) == [
+        "cfg2-ctx4-fsdp · default", "cfg2-ring4 · default",
+        "cfg2-ctx4-fsdp · maxdiffusion-ulysses"]
+    table = traffic.pivot(index="program", columns="collective", values="gb")
+    assert table.loc["cfg2-ctx4-fsdp · maxdiffusion-ulysses"].equals(
+        table.loc["cfg2-ctx4-fsdp · default"])
+    fig = viz.traffic_chart(Compiles([*compiles, again]))
+    assert len(fig.layout.yaxis.categoryarray) == 3
 
 
 def test_traffic_chart_stacks_each_candidate_and_hatches_the_asynchronous_part():

@@ -209,8 +209,8 @@ def _measure(workload: Workload, topology: Topology, *, num_layers: int | None, 
                      "candidate": quick.best.candidate.name, "flags": quick.best.flags.label,
                      "plan_s": quick.best.predicted.total_s,
                      "regret_percent": 100.0 * (quick.best.predicted.total_s / full_s_step - 1),
-                     "compiles": len(quick.compiled),
-                     "compiled_now": sum(r.key not in done for r in quick.compiled),
+                     "compiles": len(quick.compiled.ran),
+                     "compiled_now": sum(r.key not in done for r in quick.compiled.ran),
                      "cold_s": math.nan})
     found = [i for i, r in enumerate(rows) if r["regret_percent"] <= 1e-9]
     for i in ([found[0] - 1, found[0]] if found else []):

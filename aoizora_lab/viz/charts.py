@@ -249,23 +249,24 @@ def pruning_scatter(pruning: Pruning, *, title: str | None = None) -> go.Figure:
 
 
 def traffic_chart(compiled: Compiles, *, title: str | None = None) -> go.Figure:
-    """Collective GB per device per step of each compiled candidate, stacked by kind and
+    """Collective GB per device per step of each compiled program, stacked by kind and
     schedule.
 
-    ``compiled`` is :func:`~aoizora_lab.compile.compile_candidates`' result; the bars are its
-    :meth:`~aoizora_lab.compile.Compiles.traffic`: one bar per ``ok`` candidate (compile order,
-    top to bottom), one segment per collective kind, hatched where the compiler scheduled it
-    asynchronously (it may hide behind compute), solid where it is synchronous.
+    ``compiled`` is :func:`~aoizora_lab.compile.compile_candidates`' result or a plan's
+    compiles; the bars are its :meth:`~aoizora_lab.compile.Compiles.traffic`: one bar per
+    ``ok`` compile (labelled by its ``program``; compile order, top to bottom), one segment
+    per collective kind, hatched where the compiler scheduled it asynchronously (it may hide
+    behind compute), solid where it is synchronous.
     """
     traffic = compiled.traffic()
-    candidates = list(dict.fromkeys(traffic["candidate"]))
+    candidates = list(dict.fromkeys(traffic["program"]))
     traces = []
     for (kind, schedule), part in traffic.groupby(["kind", "schedule"], sort=True):
         traces.append(go.Bar(
             orientation="h", name=f"{kind} ({schedule})", meta=schedule,
-            x=part["gb"].tolist(), y=part["candidate"].tolist(),
+            x=part["gb"].tolist(), y=part["program"].tolist(),
             hovertext=[f"<b>{c}</b><br>{kind} ({schedule}): {format_bytes(gb * 1e9)} per "
-                       "device per step" for c, gb in zip(part["candidate"], part["gb"],
+                       "device per step" for c, gb in zip(part["program"], part["gb"],
                                                           strict=True)],
             hovertemplate="%{hovertext}<extra></extra>",
             marker={"color": KIND_COLORS.get(kind, OTHER_COLOR),
@@ -273,7 +274,7 @@ def traffic_chart(compiled: Compiles, *, title: str | None = None) -> go.Figure:
     fig = go.Figure(traces)
     fig.update_layout(
         title={"text": title or "Collective bytes per device per step (compiled HLO)",
-               "subtitle": {"text": f"{len(candidates)} compiled candidate"
+               "subtitle": {"text": f"{len(candidates)} compiled program"
                                     f"{'s' if len(candidates) != 1 else ''}; hatched: "
                                     "asynchronous (may hide behind compute)"}},
         barmode="stack", template="plotly_white", legend_title_text="collective",
