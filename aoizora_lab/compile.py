@@ -371,21 +371,23 @@ class CompileQueue:
 
     ``expected``: how many compiles the progress lines count to; ``at_most``: that is a bound
     (the planner's further flag sets), lowered by each one the caller decides against
-    (:meth:`skip`).
+    (:meth:`skip`). ``time_left``: seconds until the caller stops starting compiles (a time
+    limit; ``None``: none), the most the lines' estimate of the time left can say.
     """
 
     def __init__(self, workload: Workload, topology: Topology, *,
                  executor: cf.Executor | None = None, cache_dir: str | Path | None = None,
                  timeout_s: float = 900.0, num_layers: int | None = None,
                  describe: Callable[[CompiledCandidate], str] | None = None,
-                 expected: int = 0, at_most: bool = False) -> None:
+                 expected: int = 0, at_most: bool = False,
+                 time_left: Callable[[], float] | None = None) -> None:
         check_compilable(topology)
         self._model_layers = workload.config().num_layers
         check_num_layers(num_layers, self._model_layers)
         check_timeout(timeout_s)
         self._workload, self._topology, self._num_layers = workload, topology, num_layers
         self._timeout_s, self._describe = timeout_s, describe
-        self._expected, self._at_most = expected, at_most
+        self._expected, self._at_most, self._time_left = expected, at_most, time_left
         self._cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
         self._own = executor is None
         self._pool = executor or compile_executor(workload, topology, cache_dir=self._cache,
@@ -450,11 +452,14 @@ class CompileQueue:
         """The progress line of the compile just done (under the lock: lines in order)."""
         done, total = self._done, max(self._expected, self._submitted)
         # Time per compile so far (parallel workers included) x compiles to go;
-        # an overestimate when some still to come are cached or spared.
+        # an overestimate when some still to come are cached or spared. A time limit
+        # caps it: what would start after it does not start.
         left = (time.monotonic() - self._start) / max(self._fresh, 1) * (total - done)
+        limit = max(0.0, self._time_left()) if self._time_left is not None else math.inf
         progress_note(f"compile {done} of {'at most ' if self._at_most else ''}{total} "
                       f"({self._workload.name} on {self._topology.name}): {what}"
-                      + (f"; about {duration(left)} left" if done < total else "")
+                      + (f"; about {duration(min(left, limit))} left"
+                         + (" (time limit)" if limit < left else "") if done < total else "")
                       + (f"; {extra}" if extra else ""))
 
     def close(self) -> None:

@@ -286,6 +286,10 @@ class FullSearch:
     def finish(self, result: CompiledCandidate, seconds: float, queue: CompileQueue) -> None:
         """Nothing to keep."""
 
+    def time_left(self) -> float:
+        """No limit."""
+        return math.inf
+
 
 class TimeLimited:
     """Answer within ``seconds``: the full search's jobs in an order that reaches the likely
@@ -331,6 +335,11 @@ class TimeLimited:
         self.deadline = self.start + seconds
         self.steps: list[float] = []
         self.lock = threading.Lock()
+
+    def time_left(self) -> float:
+        """Seconds until the limit (negative past it)."""
+        with self.lock:
+            return self.deadline - time.monotonic()
 
     def traced(self, seconds: float) -> None:
         """The IR traces took ``seconds`` when they ran (side by side, :func:`usable_cpus`

@@ -296,7 +296,8 @@ def _run_compiles(workload: Workload, topology: Topology, options: PlanOptions,
     try:
         with CompileQueue(workload, topology, executor=pool, cache_dir=options.cache_dir,
                           timeout_s=options.timeout_s, num_layers=options.num_layers,
-                          describe=prices, expected=len(jobs), at_most=True) as queue:
+                          describe=prices, expected=len(jobs), at_most=True,
+                          time_left=policy.time_left) as queue:
             run_jobs(rounds, policy, queue, prices, outcomes)
             setups = with_fallbacks(setups, outcomes.snapshot())
             again = [j for j in build_jobs((), (), setups, partial(estimate_of, pruning),

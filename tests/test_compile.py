@@ -89,6 +89,17 @@ def test_each_compile_says_how_long_the_sweep_has_left(host, tmp_path, monkeypat
     compile_candidates(_candidates()[:2], WORKLOAD, host, cache_dir=tmp_path)
     assert "compile " not in capsys.readouterr().err  # cached: nothing worth a line
 
+    # Under a time limit the estimate never promises more than the time left to it.
+    from aoizora_lab.compile import DEFAULT_FLAGS, CompileQueue
+
+    for left, shown in ((0.0, r"about 0 s left \(time limit\)"),
+                        (1e9, r"about [\d.]+ (s|min) left$")):
+        with CompileQueue(WORKLOAD, host, cache_dir=tmp_path / str(left), expected=3,
+                          time_left=lambda left=left: left) as queue:
+            queue.compile(_candidates()[0], DEFAULT_FLAGS)
+        [line] = [x for x in capsys.readouterr().err.splitlines() if "compile 1 of 3" in x]
+        assert re.search(shown, line), line
+
     def broken(result):
         raise RuntimeError("boom")
 
