@@ -144,6 +144,11 @@ def _plan_command(args: argparse.Namespace) -> int:
               f"{best.placement.description}: "
               f"{best.predicted.total_s:.4g} s (compute {best.predicted.compute_s:.4g} s, "
               f"communication {best.predicted.comm_s:.4g} s)")
+        own = result.searched
+        if own.predicted.total_s > best.predicted.total_s:
+            print(f"  (a setup of an existing system or yours: the search's own best, "
+                  f"{own.candidate.name} ({own.flags.label} flags), "
+                  f"{own.predicted.total_s:.4g} s, is slower)")
         print("\nWhere its communication time goes:")
         print(best.breakdown.head(args.top).to_string(float_format=lambda v: f"{v:.4g}"))
         unstarted = result.compiled.not_run
@@ -166,8 +171,10 @@ def _plan_command(args: argparse.Namespace) -> int:
                           f"{limit:g} s limit; not compiled: "
                           + "; ".join(outcome.unstarted) + " (its best may be among them, "
                           "so the ratios may flatter the plan: --full compiles every setup)")
-        print("\nWhere the gain comes from (ratio = other / plan; strategy: best system / "
-              "best candidate in plain order):")
+        print("\nWhere the gain comes from (vs existing systems: system / the search's own "
+              "best, below 1 where a system wins; placement: the plan's program in library "
+              "orders / its placement; strategy: best system / best survivor in plain "
+              "order):")
         print(result.headline.to_frame().to_string(float_format=lambda v: f"{v:.4g}"))
         if args.compare:
             print("\nYour setup, and what to change (speedup = yours / that row):")

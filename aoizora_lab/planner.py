@@ -12,11 +12,12 @@ the compiled schedule). Compiler flags are one more dimension of the search: the
 candidates are compiled with the first flag set of ``options.flags`` and, on TPU slices, with
 each other one where their compute alone could still beat the best step already priced. The
 existing systems' setups (and yours, ``compare``) are compiled too and their programs placed
-by the same search, so the plan searches the space they run in; a setup predicted faster on
-its own device order than everything the search placed becomes the plan, so the plan is never
-predicted slower than a setup it priced. :attr:`PlanResult.searched` keeps the search's own
-best so the two can be told apart. :attr:`PlanResult.headline` splits the gain: against the
-existing systems, from placement, from the sharding strategy.
+by the same search. :attr:`PlanResult.searched` is the search's own best (the best placement
+of a survivor's program); :attr:`PlanResult.best`, the recommended plan, is that or, where
+one is faster, a setup's program placed by the search or in its own order, so the plan
+recommended is never predicted slower than a setup it priced. :attr:`PlanResult.headline`
+compares the search's own best with the systems (below 1 where a system wins) and splits the
+gain: against the existing systems, from placement, from the sharding strategy.
 """
 
 from __future__ import annotations
@@ -67,7 +68,7 @@ from aoizora_lab.jobs import (
     run_jobs,
 )
 from aoizora_lab.options import FULL_SEARCH, PlanOptions
-from aoizora_lab.placement import Ranking, is_ranked, rank_placements
+from aoizora_lab.placement import RankedPlacement, Ranking, is_ranked, rank_placements
 from aoizora_lab.progress import Ticker
 from aoizora_lab.progress import note as progress_note
 from aoizora_lab.prune import Pruning, prune
@@ -101,11 +102,14 @@ class PlanResult:
     baseline_compiles: Compiles
     """The compiles of the systems' (and your) setups that are not a survivor's."""
     searched: Plan
-    """The search's own best: the top of :attr:`ranking`."""
+    """The search's own best: the best placement of a survivor's program (the systems'
+    setups' programs rank in :attr:`ranking` but are not the search's)."""
     best: Plan
-    """The plan: :attr:`searched`, or a baseline where one is predicted faster."""
+    """The recommended plan: :attr:`searched`, or a setup's program (placed by the search or
+    in its own order) where one is predicted faster."""
     headline: Headline
-    """The plan against the existing systems, its placement gain and its strategy gain."""
+    """The search's own best against the existing systems, the plan's placement gain and the
+    strategy gain."""
     skipped: tuple[NotRun, ...] = ()
     """Survivors' further flag sets that could not have won (``CANNOT_WIN``, the flag rule of
     :mod:`aoizora_lab.jobs`)."""
@@ -205,15 +209,16 @@ def plan(workload: Workload, topology: Topology, options: PlanOptions = FULL_SEA
             code=__name__)
     programs = [*compiled.ok, *extra.ok]
     stages.next("baselines", f"searching placements of {len(programs)} compiled programs")
-    searched, ranking = _searched(programs, workload, topology, options)
+    searched, top, ranking = _searched(programs, {r.key for r in compiled.ok}, workload,
+                                       topology, options)
     priced = [o.plan for o in baselines if o.plan is not None]
-    best = min([searched, *priced], key=lambda p: p.predicted.total_s)
+    best = min([searched, top, *priced], key=lambda p: p.predicted.total_s)
     stages.next("placed", f"done: {best.candidate.name}, {best.predicted.total_s:.3f} s per "
                 "step")
     stages.close()
     return PlanResult(space, pruning, compiled, ranking,
                       Baselines(baselines, plan_s=best.predicted.total_s), extra, searched,
-                      best, headline(best, baselines, programs), skipped)
+                      best, headline(best, searched, baselines, compiled.ok), skipped)
 
 
 def _checked(workload: Workload, topology: Topology, options: PlanOptions
@@ -340,16 +345,23 @@ def _check_compiled(compiled: Compiles) -> None:
         )
 
 
-def _searched(programs: Sequence[CompiledCandidate], workload: Workload, topology: Topology,
-              options: PlanOptions) -> tuple[Plan, Ranking]:
-    """Every program placed and ranked; the top as a :class:`Plan`."""
+def _searched(programs: Sequence[CompiledCandidate], survivors: set[tuple[str, str]],
+              workload: Workload, topology: Topology, options: PlanOptions
+              ) -> tuple[Plan, Plan, Ranking]:
+    """Every program placed and ranked; the best of the ``survivors``' programs (the
+    search's own) and the top of them all, each as a :class:`Plan`."""
     ranking = Ranking(entry for ranked in _rank_programs(
         programs, topology, options.budget, options.top_placements, workload.name)
         for entry in ranked).ranked()
-    top = ranking[0]
-    program = {r.key: r for r in programs}[(top.candidate.name, top.flags.label)].program
-    return Plan(workload, topology, top.candidate, top.placement, top.predicted, program,
-                breakdown(program, topology, top.placement), flags=top.flags), ranking
+    by_key = {r.key: r.program for r in programs}
+
+    def as_plan(entry: RankedPlacement) -> Plan:
+        program = by_key[entry.candidate.name, entry.flags.label]
+        return Plan(workload, topology, entry.candidate, entry.placement, entry.predicted,
+                    program, breakdown(program, topology, entry.placement), flags=entry.flags)
+
+    own = next(e for e in ranking if (e.candidate.name, e.flags.label) in survivors)
+    return as_plan(own), as_plan(ranking[0]), ranking
 
 
 def _rank_programs(programs: Sequence[CompiledCandidate], topology: Topology, budget: int,

@@ -97,8 +97,9 @@ viz.show(viz.ranking_scatter(ranking, y="total_s"))
 # the best `--ulysses_size` × `--ring_size` split, tokens padded to a multiple of it, ranks in
 # launch order. `recipe` is the setup in the system's own words, `speedup_of_plan` that row's
 # latency / the plan's; a system that could not be built or compiled says why in `reason`.
-# The search places the systems' programs too; a setup faster on its own device order than
-# everything the search placed becomes the plan.
+# The search places the systems' programs too; where a setup's program (placed by the search
+# or in its own order) is faster than everything the search found itself, it becomes the plan
+# recommended, and the headline below says the search lost.
 
 # %%
 display(result.baselines.to_frame().round(4))
@@ -117,8 +118,9 @@ display(result.baselines.trials().round(4))
 #
 # Three measures, each a ratio of predicted steps (`seconds` is the step it compares):
 #
-# - **vs existing systems** — the headline: each system's best step / the plan's; the `best:`
-#   row is the fastest existing system.
+# - **vs existing systems** — the headline: each system's best step / the search's own best
+#   (a survivor's program, best placed); the `best:` row is the fastest existing system. Below
+#   1, a system won: the `recommended plan` row is then its setup.
 # - **placement gain** — the plan's own compiled program in the device order plain order,
 #   `jax.make_mesh` or `create_device_mesh` gives it / in its best placement: what the placement
 #   search alone buys (NaN where that library refuses the mesh).

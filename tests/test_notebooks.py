@@ -56,9 +56,9 @@ def test_every_notebook_runs_and_saves_values_the_library_agrees_with(report):
     assert 1 <= compiles["compiled_ok"] <= compiles["compiled"]
     assert compiles["search"] == "time limit 300 s"  # the notebooks' default, as the CLI's
     ranking = records["04_placement_ranking"]
-    # The plan is never predicted slower than an existing system; its two ablations (its
-    # program in plain order, the best candidate in plain order) are recorded beside it.
-    assert ranking["speedup_over_best_existing_system"] >= 1 - 1e-9
+    # The search's own best against the systems (below 1 where a system wins); the two
+    # ablations (the plan's program in plain order, the best survivor in plain order) beside.
+    assert ranking["speedup_over_best_existing_system"] > 0
     assert ranking["placement_gain_vs_plain"] > 0
     assert ranking["strategy_gain"] > 0
     assert ranking["best_flags"]

@@ -102,10 +102,12 @@ class PlanQuality:
         from aoizora_lab.baselines import SYSTEMS
 
         s = self.summary
-        latency = s[["workload", "slice", "status", "ici_model", "candidate", "flags",
-                     "placement", "plan_s", "compute_s", "comm_s", "exposed_s", "plan_wall_s"]]
-        headline = s[["workload", "slice", *[f"{b}_s" for b in SYSTEMS], "best_system",
-                      "vs_best_system", "speedup_target"]]
+        latency = s[["workload", "slice", "status", "record", "ici_model", "candidate",
+                     "flags", "placement", "plan_s", "compute_s", "comm_s", "exposed_s",
+                     "plan_wall_s"]]
+        headline = s[["workload", "slice", "searched_candidate", "searched_s",
+                      *[f"{b}_s" for b in SYSTEMS], "best_system", "vs_best_system",
+                      "speedup_target"]]
         gains = s[["workload", "slice", "placement_gain_vs_plain",
                    "placement_gain_vs_make_mesh", "placement_gain_vs_create_device_mesh",
                    "strategy_candidate", "strategy_s", "strategy_gain"]]
@@ -122,14 +124,20 @@ class PlanQuality:
             "`exposed_s`); `flags`: the compiler flag set the search chose; `plan_wall_s`: "
             "the planner's wall time; `ici_model`: the device-order model of the ICI model "
             "that priced the row (`comm_model.ModelOptions.order`; `physical`: planned "
-            "before the model saw device orders, kept until the case is planned again). "
+            "before the model saw device orders); `record`: `current` where today's code "
+            "(library versions and the digest of every source the plan runs) made the row, "
+            "else stale with the date it was planned (`--resume` plans a stale case again). "
             + config_line(self.config),
             markdown_table(latency),
             "**Against the existing systems** (the headline): MaxDiffusion as its Wan config "
             "ships (`maxdiffusion-default`: context over every chip, flash attention, "
             "`create_device_mesh`), MaxDiffusion's best kernel x recipe on the slice "
             "(`maxdiffusion-best`) and the official Wan 2.1 / xDiT USP's best Ulysses x ring "
-            "split (`xdit-usp`); `vs_best_system` = the fastest of them / the plan. "
+            "split (`xdit-usp`); `vs_best_system` = the fastest of them / the search's own "
+            "best (`searched_s`: the best placement of a survivor's program; below 1 where a "
+            "system wins, and the plan recommended, `plan_s` above, is then that system's "
+            "setup). Rows without `searched_s` were planned when the headline was the "
+            "fastest system / the plan recommended (at least 1 by construction). "
             f"Target: at least {SPEEDUP_TARGET:g}x on one workload.",
             markdown_table(headline),
             "**Where the gain comes from.** *Placement gain*: the plan's own compiled program "
@@ -220,8 +228,10 @@ def plan_quality(cases: Iterable[Case | str] = DEFAULT_MATRIX, *, num_layers: in
     rows: list[dict[str, Any]] = []
     baseline_rows: list[dict[str, Any]] = []
     trial_rows: list[dict[str, Any]] = []
-    columns = ["workload", "slice", "status", "ici_model", "candidate", "flags", "placement",
-               "plan_s", "compute_s", "comm_s", "exposed_s", *[f"{b}_s" for b in SYSTEMS],
+    columns = ["workload", "slice", "status", "record", "ici_model", "candidate", "flags",
+               "placement",
+               "plan_s", "compute_s", "comm_s", "exposed_s", "searched_candidate",
+               "searched_s", *[f"{b}_s" for b in SYSTEMS],
                "best_system", "vs_best_system", "speedup_target", "plain_order_s",
                "make_mesh_s", "create_device_mesh_s", "placement_gain_vs_plain",
                "placement_gain_vs_make_mesh", "placement_gain_vs_create_device_mesh",
@@ -247,12 +257,14 @@ def plan_quality(cases: Iterable[Case | str] = DEFAULT_MATRIX, *, num_layers: in
         label = case_label(case)
         path = Path(records) / record_name(*label) if records is not None else None
         record = _read_record(path, num_layers, budget) if resume and path else None
-        if record is not None and plan_missing and _recorded_model(record) != ici_model():
-            record = None  # priced with another ICI model: plan it again
+        if record is not None and plan_missing and not _is_current(record):
+            record = None  # made by other code: plan it again
         if record is not None:
             if progress:
                 progress("plan quality: {} on {} (recorded {})".format(*label, record["date"]))
-            rows.append(record["row"] | {"ici_model": _recorded_model(record)["order"]})
+            rows.append(record["row"] | {"ici_model": _recorded_model(record)["order"],
+                                         "record": "current" if _is_current(record)
+                                         else f"stale: planned {record['date'][:10]}"})
             baseline_rows.extend(record["baselines"])
             trial_rows.extend(record["trials"])
             recorded.append(record["date"][:10])
@@ -265,7 +277,8 @@ def plan_quality(cases: Iterable[Case | str] = DEFAULT_MATRIX, *, num_layers: in
             done = (len(baseline_rows), len(trial_rows))
             rows.append(case_row(case, lambda workload, topology: _quality_row(
                 workload, topology, num_layers=num_layers, budget=budget, cache_dir=cache_dir,
-                timeout_s=timeout_s, baseline_rows=baseline_rows, trial_rows=trial_rows)))
+                timeout_s=timeout_s, baseline_rows=baseline_rows, trial_rows=trial_rows))
+                        | {"record": "current"})
             if path is not None and rows[-1].get("status") == "ok":
                 _write_record(path, num_layers=num_layers, budget=budget, row=rows[-1],
                               baselines=baseline_rows[done[0]:], trials=trial_rows[done[1]:],
@@ -289,6 +302,12 @@ def ici_model() -> dict[str, str]:
 
 def _recorded_model(record: dict[str, Any]) -> dict[str, str]:
     return record.get("ici_model", BEFORE_DEVICE_ORDERS)
+
+
+def _is_current(record: dict[str, Any]) -> bool:
+    """Whether today's code made ``record`` (its library versions and the digest of every
+    source the plan runs): a record of other code is planned again, or shown as stale."""
+    return record.get("code") == code_versions(__name__)
 
 
 def record_name(workload: str, slice_name: str) -> str:
@@ -340,6 +359,9 @@ def _quality_row(workload: Workload, topology: Topology, *, num_layers: int | No
         "placement": best.placement.description, "plan_s": plan_s,
         "compute_s": best.predicted.compute_s, "comm_s": best.predicted.comm_s,
         "exposed_s": best.predicted.exposed_s, "plan_wall_s": wall,
+        "searched_candidate": f"{result.searched.candidate.name} "
+                              f"({result.searched.flags.label} flags)",
+        "searched_s": result.searched.predicted.total_s,
         **{f"{name}_s": seconds for name, seconds in head.systems.items()},
         "best_system": head.best_system or "none priced", "vs_best_system": head.vs_existing,
         "speedup_target": (met(head.vs_existing >= SPEEDUP_TARGET) if head.best_system

@@ -26,6 +26,7 @@ import pandas as pd
 from aoizora_lab.cases import CASE_SPEC, Case, parse_case
 from aoizora_lab.errors import AoizoraError
 from aoizora_lab.topology import Topology
+from aoizora_lab.versions import code_versions
 from aoizora_lab.workload import Workload
 
 # ----------------------------------------------------------------------------- cases
@@ -124,7 +125,8 @@ def config_line(config: dict[str, Any]) -> str:
 
 
 def environment() -> dict[str, str]:
-    """The machine (cores, CPU model, memory), the versions that matter, and the date."""
+    """The machine (cores, CPU model, memory), the versions that matter (the benchmarks'
+    code digest among them: :func:`~aoizora_lab.versions.code_versions`), and the date."""
     cpu = platform.processor() or platform.machine()
     memory = ""
     try:
@@ -144,6 +146,7 @@ def environment() -> dict[str, str]:
             info[package] = importlib.metadata.version(package)
         except importlib.metadata.PackageNotFoundError:
             info[package] = "absent"
+    info["code"] = code_versions("aoizora_lab.bench")["code"]
     return info
 
 
@@ -206,9 +209,11 @@ class ReportFile:
         """Add ``section`` (replacing one of the same heading) and write the report."""
         title = section_title(section)
         if self._kept:  # the header's date is not all of the report's: date the section
-            date = environment()["date"]
+            env = environment()
             heading, _, body = section.strip("\n").partition("\n")
-            section = f"{heading}\n\n_Regenerated on {date} by `{self.command}`._\n{body}"
+            section = (f"{heading}\n\n_Regenerated on {env['date']} by `{self.command}` "
+                       f"(code `{env['code']}`, jax {env['jax']}, libtpu {env['libtpu']})._"
+                       f"\n{body}")
         if self.keep and self.path.exists():
             self.sections = _sections(self.path.read_text())
         titles = [section_title(s) for s in self.sections]
