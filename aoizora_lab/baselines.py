@@ -726,6 +726,9 @@ class Headline:
     partial: tuple[str, ...] = ()
     """Systems priced on only some of their setups (a time limit left the others
     uncompiled): their steps may be slower than their best, and the ratios flatter the plan."""
+    unchecked: tuple[str, ...] = ()
+    """Of those, the systems whose uncompiled setups could still win (pruning's lower bound
+    does not rule them out): the headline is not known within the limit (NaN)."""
 
     @property
     def best_system_s(self) -> float:
@@ -740,8 +743,8 @@ class Headline:
     @property
     def vs_existing(self) -> float:
         """Best existing system / the search's own best: the headline (below 1 where a
-        system wins)."""
-        return self.best_system_s / self.own_s
+        system wins; NaN where a time limit left a setup that could win uncompiled)."""
+        return math.nan if self.unchecked else self.best_system_s / self.own_s
 
     @property
     def placement_gain(self) -> dict[str, float]:
@@ -764,8 +767,11 @@ class Headline:
 
         rows = [("vs existing systems", label(name), s, s / self.own_s)
                 for name, s in self.systems.items()]
-        rows.append(("vs existing systems", f"best: {label(self.best_system or 'none')}",
-                     self.best_system_s, self.vs_existing))
+        best = (f"not known within the time limit ({', '.join(self.unchecked)}: setups that "
+                "could win not compiled)" if self.unchecked
+                else label(self.best_system or "none"))
+        rows.append(("vs existing systems", f"best: {best}", self.best_system_s,
+                     self.vs_existing))
         if self.plan_s < self.own_s:
             rows.append(("recommended plan", "a system's setup, faster than the search's own "
                          "best", self.plan_s, self.best_system_s / self.plan_s))
@@ -777,11 +783,14 @@ class Headline:
 
 
 def headline(best: Plan, searched: Plan, baselines: Baselines,
-             compiled: Iterable[CompiledCandidate]) -> Headline:
+             compiled: Iterable[CompiledCandidate],
+             could_win: Callable[[Candidate], bool] = lambda candidate: True) -> Headline:
     """The :class:`Headline` of a plan: the search's own best (``searched``) against the
     existing systems, the recommended plan's placement gain (``best``'s program in library
     orders) and the strategy gain (the best of the survivors' programs, ``compiled``, in
-    plain order against the best existing system)."""
+    plain order against the best existing system). ``could_win``: whether a setup's
+    candidate may still be the fastest (:meth:`~aoizora_lab.prune.Pruning.could_win`); a
+    system with such a setup left uncompiled leaves the headline unknown."""
     topology = best.topology
     systems = {o.name: o.plan.predicted.total_s if o.plan else math.nan
                for o in baselines if o.name in SYSTEMS}
@@ -805,4 +814,7 @@ def headline(best: Plan, searched: Plan, baselines: Baselines,
         predict(best.program, topology, plain).total_s, orders["make_mesh"],
         orders["create_device_mesh"],
         f"{top.candidate.name} ({top.flags.label} flags)" if top else "", strategy_s,
-        tuple(o.name for o in baselines if o.name in SYSTEMS and o.unstarted))
+        tuple(o.name for o in baselines if o.name in SYSTEMS and o.unstarted),
+        tuple(o.name for o in baselines if o.name in SYSTEMS and any(
+            t.not_run is not None and t.setup is not None and could_win(t.setup.candidate)
+            for t in o.trials)))

@@ -218,7 +218,8 @@ def plan(workload: Workload, topology: Topology, options: PlanOptions = FULL_SEA
     stages.close()
     return PlanResult(space, pruning, compiled, ranking,
                       Baselines(baselines, plan_s=best.predicted.total_s), extra, searched,
-                      best, headline(best, searched, baselines, compiled.ok), skipped)
+                      best, headline(best, searched, baselines, compiled.ok,
+                                     pruning.could_win), skipped)
 
 
 def _checked(workload: Workload, topology: Topology, options: PlanOptions

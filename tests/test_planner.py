@@ -78,6 +78,14 @@ def test_a_time_limited_plan_compiles_its_first_round_and_names_what_it_left(pla
     assert partial and set(timed.headline.partial) == partial
     frame = timed.headline.to_frame()
     assert frame["against"].str.contains("partial: time limit").sum() >= len(partial)
+    # A quick answer never claims a win it has not checked: where a setup left out could
+    # still win, the headline is not known.
+    unchecked = {n for n in partial if any(
+        t.not_run is not None and timed.pruning.could_win(t.setup.candidate)
+        for t in outcomes[n].trials if t.setup is not None)}
+    assert unchecked and set(timed.headline.unchecked) == unchecked
+    assert np.isnan(timed.headline.vs_existing)
+    assert frame["against"].str.contains("not known within the time limit").any()
     assert all(isinstance(r, NotRun) for r in timed.baseline_compiles if r.key != yours)
     # Yours is compiled whatever the limit.
     assert outcomes[USER].status == Status.OK
