@@ -110,7 +110,7 @@ def test_plan_verify_prints_the_check_and_fails_on_a_difference(snake, swept, mo
         ranking = Ranking([RankedPlacement(CFG_ULY, plan.placement, plan.predicted,
                                            Source.STRUCTURED)])
         return lambda *args, **kwargs: SimpleNamespace(ranking=ranking, best=best,
-                                                       baselines=Baselines(),
+                                                       searched=best, baselines=Baselines(),
                                                        compiled=Compiles(),
                                                        headline=Headline(1.0))
 
