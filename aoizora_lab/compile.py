@@ -17,6 +17,10 @@ worker), the model config, the workload, the candidate, the slice and the layer 
 written to a temporary folder and renamed into place, so a reader never sees half of one; its
 HLO text carries a checksum that is checked on every read. ``ok`` and ``oom`` results are
 cached (the compiler is deterministic); crashes, timeouts and errors are retried next time.
+Behind that key, an index of *programs* (``compile/programs/``) names each entry by what the
+compiler was given (the lowered program's text, flags, slice, libraries:
+:func:`~aoizora_lab.compile_worker.program_key`): after an edit of the package, a job whose
+program did not change is lowered again (seconds) and linked to the entry, not compiled.
 
 **Compiler flags** are part of a recipe: each compile takes a :class:`CompilerFlags` (a named
 set from :data:`FLAG_SETS`, e.g. MaxDiffusion's recommended ``LIBTPU_INIT_ARGS``, or a user's
@@ -54,6 +58,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from aoizora_lab.candidates import Candidate
+from aoizora_lab.compile_worker import SAME_PROGRAM
 from aoizora_lab.errors import AoizoraError, is_whole
 from aoizora_lab.hlo import CommProgram, program_at_depth
 from aoizora_lab.progress import duration
@@ -65,6 +70,7 @@ from aoizora_lab.versions import (
     code_versions,
     digest,
     memoized,
+    write_atomically,
 )
 from aoizora_lab.workers import (
     available_memory,
@@ -605,31 +611,18 @@ def _run_job(job: dict[str, Any], cache_dir: str, timeout_s: float) -> dict[str,
     cached = read_entry(entry)
     if cached is not None:
         return cached | {"cached": True}
-    env = {k: v for k, v in os.environ.items() if k != "LIBTPU_INIT_ARGS"}
-    if job["topology"]["source"] == DeviceSource.HOST:
-        env["JAX_PLATFORMS"] = "cpu"
-        env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count="
-                            f"{job['topology']['num_devices']}").strip()
+    programs = Path(cache_dir) / PROGRAMS
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="aoizora-compile-") as work:
-        try:
-            done = subprocess.run(
-                [sys.executable, "-m", "aoizora_lab.compile_worker", work],
-                input=json.dumps(job), capture_output=True, text=True, timeout=timeout_s, env=env)
-        except subprocess.TimeoutExpired:
-            return {"status": "timeout", "message": f"no result after {timeout_s:g} s",
-                    "compile_seconds": timeout_s}
-        result_file = Path(work) / "result.json"
-        if done.returncode < 0:
-            number = -done.returncode
-            name = (signal.Signals(number).name if number in signal.valid_signals()
-                    else f"signal {number}")
-            return {"status": "crash", "compile_seconds": 0.0,
-                    "message": f"compiler process killed by {name}: {done.stderr[-2000:]}"}
-        if not result_file.exists():
-            return {"status": "error", "compile_seconds": 0.0,
-                    "message": f"worker exited {done.returncode}: {done.stderr[-2000:]}"}
-        result = json.loads(result_file.read_text())
+        result = _in_child(job, Path(work), timeout_s, programs)
+        if result["status"] == SAME_PROGRAM:
+            same = _indexed(Path(cache_dir), result["program_key"])
+            if same is not None:  # the same program compiled for another key: link it
+                write_entry(entry, same, Path(same.get("hlo_path", "")))
+                stored = read_entry(entry)
+                if stored is not None:
+                    return stored | {"cached": True}
+            result = _in_child(job, Path(work), timeout_s, None)
         result["child_seconds"] = time.monotonic() - started
         if result["status"] not in CACHED_STATUSES:
             return result
@@ -637,11 +630,60 @@ def _run_job(job: dict[str, Any], cache_dir: str, timeout_s: float) -> dict[str,
             write_entry(entry, result, Path(work) / "hlo.txt")
             stored = read_entry(entry)
             if stored is not None:
+                if stored.get("program_key"):
+                    write_atomically(programs / stored["program_key"], entry.name)
                 return stored | {"cached": False}
         return {"status": "error", "compile_seconds": result.get("compile_seconds", 0.0),
                 "message": f"compiled ({result['status']}), but the cache entry {entry} could "
                            "not be written and read back: check the cache folder is writable "
                            "and has space, or pass another cache_dir."}
+
+
+PROGRAMS = "programs"
+"""The compile cache's index of programs: ``programs/<program key>`` holds the name of an
+entry compiled from that program (:func:`~aoizora_lab.compile_worker.program_key`), so a job
+whose code key is new but whose program is not reuses the compile."""
+
+
+def _indexed(cache_dir: Path, key: str) -> dict[str, Any] | None:
+    """The entry the index gives for program ``key`` (``None``: none, or not readable)."""
+    try:
+        name = (cache_dir / PROGRAMS / key).read_text().strip()
+    except OSError:
+        return None
+    if not name or Path(name).name != name or name == PROGRAMS:
+        return None
+    return read_entry(cache_dir / name)
+
+
+def _in_child(job: dict[str, Any], work: Path, timeout_s: float, programs: Path | None
+              ) -> dict[str, Any]:
+    """Run the compile worker on ``job`` in ``work``: its result, or the crash, timeout or
+    exit that ended it. With ``programs``, a program the index holds is not compiled."""
+    env = {k: v for k, v in os.environ.items() if k != "LIBTPU_INIT_ARGS"}
+    if job["topology"]["source"] == DeviceSource.HOST:
+        env["JAX_PLATFORMS"] = "cpu"
+        env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count="
+                            f"{job['topology']['num_devices']}").strip()
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "aoizora_lab.compile_worker", str(work),
+             *([str(programs)] if programs is not None and programs.is_dir() else [])],
+            input=json.dumps(job), capture_output=True, text=True, timeout=timeout_s, env=env)
+    except subprocess.TimeoutExpired:
+        return {"status": "timeout", "message": f"no result after {timeout_s:g} s",
+                "compile_seconds": timeout_s}
+    result_file = work / "result.json"
+    if done.returncode < 0:
+        number = -done.returncode
+        name = (signal.Signals(number).name if number in signal.valid_signals()
+                else f"signal {number}")
+        return {"status": "crash", "compile_seconds": 0.0,
+                "message": f"compiler process killed by {name}: {done.stderr[-2000:]}"}
+    if not result_file.exists():
+        return {"status": "error", "compile_seconds": 0.0,
+                "message": f"worker exited {done.returncode}: {done.stderr[-2000:]}"}
+    return json.loads(result_file.read_text())
 
 
 STALE_STAGING_S = 600.0
@@ -663,9 +705,12 @@ def write_entry(entry: Path, result: dict[str, Any], hlo: Path) -> None:
         except OSError:  # removed by another process meanwhile
             pass
     staging = Path(tempfile.mkdtemp(prefix=f".{entry.name}-", dir=entry.parent))
-    meta = dict(result)
-    if hlo.exists():
-        shutil.copyfile(hlo, staging / "hlo.txt")
+    meta = {k: v for k, v in result.items() if k not in ("hlo_path", "hlo_sha256", "cached")}
+    if hlo.is_file():
+        try:  # another entry's text (the same program): shared, not copied
+            os.link(hlo, staging / "hlo.txt")
+        except OSError:
+            shutil.copyfile(hlo, staging / "hlo.txt")
         meta["hlo_sha256"] = hashlib.sha256((staging / "hlo.txt").read_bytes()).hexdigest()
     (staging / "meta.json").write_text(json.dumps(meta))
     try:
@@ -705,9 +750,9 @@ def read_entry(entry: Path) -> dict[str, Any] | None:
 
 def merge_cache(source: str | Path, target: str | Path) -> int:
     """Copy into the compile cache folder ``target`` the entries of ``source`` it lacks
-    (whole, through :func:`write_entry`) and its sweeps' memory records; returns how many
-    entries. Entries are keyed by the whole job, so any cache's entry is valid in any other:
-    a cold run's compiles in a temporary folder can be kept."""
+    (whole, through :func:`write_entry`), its index of programs and its sweeps' memory
+    records; returns how many entries. Entries are keyed by the whole job, so any cache's
+    entry is valid in any other: a cold run's compiles in a temporary folder can be kept."""
     copied = 0
     for entry in Path(source).iterdir():
         if not (entry / "meta.json").exists() or (Path(target) / entry.name).exists():
@@ -718,6 +763,12 @@ def merge_cache(source: str | Path, target: str | Path) -> int:
             meta.pop("hlo_sha256", None)
             write_entry(Path(target) / entry.name, meta, hlo)
             copied += 1
+    with contextlib.suppress(OSError):  # no index: nothing to add
+        for key in (Path(source) / PROGRAMS).iterdir():
+            target_entry = Path(target) / key.read_text().strip()
+            if (_indexed(Path(source), key.name) is not None
+                    and read_entry(target_entry) is not None):
+                write_atomically(Path(target) / PROGRAMS / key.name, target_entry.name)
     with contextlib.suppress(OSError, ValueError, AttributeError):  # no record: nothing to add
         for sweep, peak in json.loads((Path(source) / HOST_MEMORY_FILE).read_text()).items():
             _record_host_peak(Path(target), sweep, [peak])

@@ -1,8 +1,13 @@
 """Child process of :mod:`aoizora_lab.compile`: compile one candidate, write the result.
 
-Run as ``python -m aoizora_lab.compile_worker WORK_DIR`` with the job as JSON on stdin. Writes
-``WORK_DIR/hlo.txt`` and ``WORK_DIR/result.json``; if the compiler aborts the process, nothing
-is written and the parent reads the signal from the exit status.
+Run as ``python -m aoizora_lab.compile_worker WORK_DIR [PROGRAMS_DIR]`` with the job as JSON on
+stdin. Writes ``WORK_DIR/hlo.txt`` and ``WORK_DIR/result.json``; if the compiler aborts the
+process, nothing is written and the parent reads the signal from the exit status.
+
+The lowered program is keyed before it compiles (:func:`program_key`): where ``PROGRAMS_DIR``
+already names a compile of the same program, the worker answers ``same-program`` with its key
+instead of compiling, so an edit of the code that leaves a program unchanged costs a lowering
+(a second or two), not a compile.
 
 ``AOIZORA_LAB_ABORT_CANDIDATE=<name>`` makes the worker abort (SIGABRT) on that candidate, the
 way some TPU compiles do, and ``AOIZORA_LAB_HANG_CANDIDATE=<name>`` makes it hang: the hooks
@@ -11,15 +16,35 @@ the crash-isolation tests use (a real abort and a real hang, whatever the machin
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import resource
 import sys
 import time
 from pathlib import Path
+from typing import Any
+
+SAME_PROGRAM = "same-program"
+"""The worker's answer where the index already holds a compile of its program."""
 
 
-def main(work: Path) -> None:
+def program_key(lowered_text: str, job: dict[str, Any]) -> str:
+    """What the compiler is given, as a key: the lowered program's text (StableHLO without
+    source locations, so it names no line of this package), the compiler options, the slice
+    and the library versions; two jobs with one key compile to the same result, whichever
+    code lowered them."""
+    from aoizora_lab.versions import digest
+
+    return digest(json.dumps({
+        "lowered": hashlib.sha256(lowered_text.encode()).hexdigest(),
+        "compiler_options": job.get("compiler_options") or {},
+        "topology": job["topology"],
+        "libraries": {k: v for k, v in job["versions"].items() if k != "code"},
+    }, sort_keys=True))
+
+
+def main(work: Path, programs: Path | None = None) -> None:
     job = json.loads(sys.stdin.read())
     import jax
 
@@ -46,6 +71,11 @@ def main(work: Path) -> None:
     result: dict = {"status": "ok", "message": ""}
     try:
         lowered = lower_step(workload, candidate.plan(devices), num_layers=job["num_layers"])
+        result["program_key"] = program_key(lowered.as_text(), job)
+        if programs is not None and (programs / result["program_key"]).exists():
+            (work / "result.json").write_text(json.dumps(
+                {"status": SAME_PROGRAM, "program_key": result["program_key"]}))
+            return
         if os.environ.get("AOIZORA_LAB_ABORT_CANDIDATE") == candidate.name:
             os.abort()
         while os.environ.get("AOIZORA_LAB_HANG_CANDIDATE") == candidate.name:
@@ -60,7 +90,7 @@ def main(work: Path) -> None:
         (work / "hlo.txt").write_text(compiled.as_text())
     except Exception as err:  # the compiler's verdict on this candidate, not the sweep's end
         text = f"{type(err).__name__}: {err}"
-        result = {"status": "oom" if "RESOURCE_EXHAUSTED" in text else "error",
+        result = {**result, "status": "oom" if "RESOURCE_EXHAUSTED" in text else "error",
                   "message": text[-4000:]}
     result["compile_seconds"] = time.perf_counter() - start
     # Peak resident memory of this process (Linux reports KiB): what one compile needs here.
@@ -69,4 +99,4 @@ def main(work: Path) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]))
+    main(Path(sys.argv[1]), Path(sys.argv[2]) if len(sys.argv) > 2 else None)

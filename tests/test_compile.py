@@ -245,3 +245,26 @@ def test_a_sweep_records_its_memory_and_one_that_cannot_fit_stops_before_compili
     with pytest.raises(az.AoizoraError, match="would not fit"):
         compile_candidates(_candidates()[1:2], WORKLOAD, host, cache_dir=tmp_path)
     assert set(tmp_path.iterdir()) == entries  # nothing compiled
+
+
+@pytest.mark.slow
+def test_an_edit_that_leaves_the_program_unchanged_reuses_the_compile(host, tmp_path,
+                                                                      monkeypatch):
+    from aoizora_lab import compile as compile_module
+
+    first = compile_candidates(_candidates()[:2], WORKLOAD, host, cache_dir=tmp_path)
+    edited = compile_module.code_versions("aoizora_lab.compile_worker") | {"code": "edited@0"}
+    monkeypatch.setattr(compile_module, "code_versions", lambda module: edited)
+    # A compile would abort: the second run must answer from the index without compiling.
+    monkeypatch.setenv("AOIZORA_LAB_ABORT_CANDIDATE", "cfg2-uly4")
+    second = compile_candidates(_candidates()[:2], WORKLOAD, host, cache_dir=tmp_path)
+    for a, b in zip(first, second, strict=True):
+        assert b.status == "ok" and b.cached and b.program == a.program
+        assert b.hlo_path != a.hlo_path  # an entry under the new key
+        assert b.compile_seconds == a.compile_seconds  # the compile it reuses
+    index = list((tmp_path / compile_module.PROGRAMS).iterdir())
+    assert len(index) == 2  # one program each, whichever key found it
+    # A different program (another candidate) is not found in the index: it compiles.
+    monkeypatch.delenv("AOIZORA_LAB_ABORT_CANDIDATE")
+    [third] = compile_candidates(_candidates()[2:], WORKLOAD, host, cache_dir=tmp_path)
+    assert third.status == "ok" and not third.cached

@@ -41,6 +41,7 @@ from aoizora_lab.candidates import ABBREVIATIONS, Candidate
 from aoizora_lab.cli import main
 from aoizora_lab.compile import (
     HOST_MEMORY_FILE,
+    PROGRAMS,
     STALE_STAGING_S,
     compile_candidates,
     read_entry,
@@ -609,7 +610,7 @@ def test_one_sweep_records_a_crash_a_hang_and_an_oom_and_finishes_the_rest(tmp_p
     # The compiler's verdicts (ok, oom) are cached; the crash and the timeout are not, so the
     # next sweep retries them.
     entries = [read_entry(e) for e in (tmp_path / "cache").iterdir()
-               if not e.name.startswith(".")]
+               if not e.name.startswith(".") and e.name != PROGRAMS]
     assert sorted(e["status"] for e in entries) == ["ok", "oom"]
 
 
@@ -839,8 +840,11 @@ def test_two_processes_sharing_one_cache_both_finish_and_leave_it_whole(tmp_path
     for results in outputs:
         assert [r["status"] for r in results] == ["ok", "ok"], results
     assert [r["bytes"] for r in outputs[0]] == [r["bytes"] for r in outputs[1]]
-    names = sorted(p.name for p in cache.iterdir() if p.name != HOST_MEMORY_FILE)
+    names = sorted(p.name for p in cache.iterdir() if p.name not in (HOST_MEMORY_FILE, PROGRAMS))
     assert len(names) == 2 and not any(n.startswith(".") for n in names)  # no staging left
+    indexed = sorted(p.read_text() for p in (cache / PROGRAMS).iterdir()
+                     if not p.name.endswith(".tmp"))
+    assert indexed == names  # each program indexed once, to its entry
     assert (cache / HOST_MEMORY_FILE).is_file()  # the sweeps' memory, one record for both
     assert all(read_entry(cache / n)["status"] == "ok" for n in names)  # whole, reusable
 
