@@ -227,9 +227,11 @@ EFFICIENCY_SOURCES: dict[str, str] = {
         "kernel and no per-step time is published, only whole generations (DiT steps plus "
         "text encoding and VAE decoding). Each measured generation bounds it from below "
         "(attention_efficiency_floor in the Published measurements section of "
-        "reports/benchmarks.md: 0.29-0.38 for MaxDiffusion PR #376 on v6e-8 and its README's "
-        "v7x runs); 0.5 leaves 31 s of PR #376's 251 s Ulysses generation to the non-DiT "
-        "part. measure.calibrate_compute fits it to timed steps on a TPU VM"),
+        "reports/benchmarks.md, which lists every run's floor). Most floors lie below 0.5; "
+        "the README's approximate v6e-8 Ulysses figures and MaxDiffusion PR #430's "
+        "denoise-loop times on v7x-8 lie above it, so there the model's steps alone take "
+        "longer than the published time: a miss the section shows, not refitted here. "
+        "measure.calibrate_compute fits it to timed steps on a TPU VM"),
     "hbm_efficiency": (
         "fitted like matmul_efficiency: the compiler prices the memory-class ops (elementwise "
         "f32 math, norms, copies, RoPE) of the same steps at 2.7x their HBM roofline (0.37): "

@@ -1,5 +1,5 @@
-"""benchmarks/published.py: the rebuilt measurements and the comparison arithmetic (no compiles:
-runs are priced by a stand-in predictor)."""
+"""benchmarks/published.py: the rebuilt measurements, the comparison arithmetic and the counting
+of independent predictions (no compiles: runs are priced by a stand-in predictor)."""
 
 import dataclasses
 import importlib
@@ -15,6 +15,7 @@ import aoizora_lab as az
 from aoizora_lab.baselines import maxdiffusion_setup, setup_keys
 from aoizora_lab.cases import parse_case
 from aoizora_lab.cost import Predicted
+from aoizora_lab.hardware import chip_spec
 
 # Imported by name (dataclasses need the module in sys.modules).
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
@@ -49,6 +50,18 @@ def test_gather_rows_price_the_lone_collective_with_the_ici_model():
         100 * (rows[0]["predicted"] / BIG_GATHER.published - 1))
 
 
+def test_a_lone_collective_is_one_prediction_whatever_quantity_is_read_from_it():
+    same = dataclasses.replace(BIG_GATHER, key="same collective, read as a bandwidth",
+                               quantity="bandwidth fraction", published=0.9)
+    other = dataclasses.replace(BIG_GATHER, key="another size", total_bytes=1e6)
+    rows = published.gather_rows([BIG_GATHER, same, other], topology_of=simulated)
+    assert rows[0]["prediction"] == rows[1]["prediction"] != rows[2]["prediction"]
+    # The statement a chip constant was taken from checks nothing.
+    fitted = [m for m in published.GATHERS if m.constant_from]
+    assert fitted and all(not r["independent"] for r in published.gather_rows(
+        fitted, topology_of=simulated))
+
+
 def test_bandwidth_fraction_is_the_books_effective_link_bandwidth():
     m = dataclasses.replace(BIG_GATHER, quantity="bandwidth fraction", total_bytes=9e6)
     # 9e6 B gathered in 100 us: 9e6 / (2 * 1e-4) = 4.5e10 B/s one way, the nominal figure.
@@ -56,45 +69,68 @@ def test_bandwidth_fraction_is_the_books_effective_link_bandwidth():
     assert published.gather_prediction(BIG_GATHER, 1e-4) == 1e-4
 
 
+@pytest.mark.parametrize(("predicted", "published_", "sign"), [
+    (30.0, 34.0, True),   # 12 % short
+    (20.0, 34.0, True),   # 41 % short: right sign, outside the target
+    (-5.0, 20.0, False),  # wrong sign, whatever the size
+    (-25.0, -20.0, True),  # both negative: 25 % over
+    (26.0, 20.0, True),   # 30 % over
+])
+def test_difference_check_is_sign_first_then_within_the_percentage(predicted, published_, sign):
+    row = published.difference_check(np.float64(predicted), published_)
+    assert row["right_sign"] is sign
+    assert row["diff_error_pct"] == pytest.approx(100 * (predicted - published_) / published_)
+    assert row["diff_within_target"] is (
+        sign and abs(row["diff_error_pct"]) <= published.DIFFERENCE_PERCENT)
+    # A wrong sign is a miss even where the relative error is small in size.
+    assert published.difference_check(-published_, published_)["diff_within_target"] is False
+
+
 @pytest.mark.parametrize(("predicted", "published_", "side"), [
     (1.2, 1.1, True), (0.9, 1.1, False), (0.8, 0.95, True), (1.0, 1.1, False)])
 def test_ratio_side_and_error(predicted, published_, side):
     assert published.right_side(predicted, published_) is side
-    row = published.comparison("m", "src", "ratio", published_, predicted, ratio=True)
-    assert row["error_pct"] == pytest.approx(100 * (predicted - published_) / published_)
-    assert row["within_target"] is (side and abs(row["error_pct"]) <= published.TARGET_PERCENT)
+    row = published.ratio_check(np.float64(predicted), published_)
+    assert row["ratio_error_pct"] == pytest.approx(100 * (predicted - published_) / published_)
+    assert row["ratio_within_target"] is (side and abs(row["ratio_error_pct"])
+                                          <= published.RATIO_PERCENT)
 
 
-def test_targets_count_the_rows_whatever_number_types_the_model_returns():
-    # numpy floats, as a cost model may return them (numpy bools do not add up in pandas)
-    rows = [published.comparison("m", "src", "a / b ratio", 1.1, np.float64(p), ratio=True)
-            for p in (1.12, 1.08)]
-    rows.append(published.not_modelled("n", "src", "a / b ratio", 1.1, "not modelled: why"))
-    targets = published.published_targets(pd.DataFrame(rows))
-    assert list(targets["value"]) == ["2 of 2 (1 of 3 ratios not modelled)"] * 2
-    assert list(targets["met"]) == ["met", "met"]
-
-
-def _fake_predictor(step_of):
+def _fake_predictor(step_of, seen=None):
     def run(runs):
-        return {(case, cand): published.RunPrediction(Predicted(0.8 * step_of[cand], 0.5,
-                                                                step_of[cand]), "order")
-                for case, cand in runs}
+        runs = list(runs)
+        if seen is not None:
+            seen.extend(runs)
+        return {(case, recipe): published.RunPrediction(
+            Predicted(0.8 * step_of[recipe], 0.5, step_of[recipe]), "order",
+            candidate=f"cand {recipe[-8:]}", flags="flags") for case, recipe in runs}
     return run
 
 
-def test_pairs_compare_ratio_of_steps_and_difference_over_the_steps():
+def test_a_pair_compares_steps_times_each_sides_step_and_the_per_step_ratio():
     pair = published.PAIRS[0]
+    a = dataclasses.replace(pair.a, steps=50)  # each side's own step count
+    pair = dataclasses.replace(pair, a=a)
     steps = {pair.a.recipe: 3.0, pair.b.recipe: 2.5}
-    predictions = _fake_predictor(steps)([(r.case, r.recipe) for r in (pair.a, pair.b)])
-    ratio, difference = published.pair_rows(pair, predictions)
-    assert ratio["predicted"] == pytest.approx(3.0 / 2.5)
-    assert ratio["published"] == pytest.approx(pair.a.published_s / pair.b.published_s)
-    assert difference["predicted"] == pytest.approx(pair.a.steps * 0.5)
-    assert difference["published"] == pytest.approx(pair.a.published_s - pair.b.published_s)
-    side = published.run_row(pair, pair.a, predictions[(pair.a.case, pair.a.recipe)])
+    predictions = _fake_predictor(steps)([pair.a.key, pair.b.key])
+    row = published.pair_row(pair, predictions)
+    assert row["published_diff_s"] == pytest.approx(pair.a.published_s - pair.b.published_s)
+    assert row["predicted_diff_s"] == pytest.approx(50 * 3.0 - pair.b.steps * 2.5)
+    assert row["predicted_ratio"] == pytest.approx(3.0 / 2.5)
+    assert row["published_ratio"] == pytest.approx(pair.a.published_s / pair.b.published_s)
+    side = published.run_row(pair, pair.a, predictions[pair.a.key])
     assert side["exposed_comm_s"] == pytest.approx(3.0 - 0.8 * 3.0)
-    assert side["implied_non_dit_s"] == pytest.approx(pair.a.published_s - pair.a.steps * 3.0)
+    assert side["implied_non_dit_s"] == pytest.approx(pair.a.published_s - 50 * 3.0)
+
+
+def test_a_scaling_pair_has_a_ratio_and_no_difference():
+    pair = next(p for p in published.PAIRS if not p.difference)
+    predictions = _fake_predictor({pair.a.recipe: 3.0, pair.b.recipe: 1.7})(
+        [pair.a.key, pair.b.key])
+    row = published.pair_row(pair, predictions)
+    assert math.isnan(row["published_diff_s"]) and math.isnan(row["predicted_diff_s"])
+    assert row["right_sign"] is None
+    assert row["predicted_ratio"] == pytest.approx(3.0 / 1.7)
 
 
 def test_the_attention_floor_is_the_efficiency_that_fills_the_published_time():
@@ -107,16 +143,114 @@ def test_the_attention_floor_is_the_efficiency_that_fills_the_published_time():
         pair.a.published_s / pair.a.steps)
 
 
-def test_compute_models_are_compared_on_the_same_ratio_rows():
-    candidates = sorted({r.recipe for p in published.PAIRS for r in (p.a, p.b)})
+CASE = "wan2.1-t2v-14b@1280x720x81/v6e:2x4"
+FLASH, ULYSSES, RING = published.FLASH4, published.ULYSSES4, published.RING4
+
+
+def _run(label, recipe, seconds, steps=40):
+    return published.Run(label, CASE, recipe, steps, seconds)
+
+
+def _pairs():
+    """Two published pairs of the same two runs (in either order), one of another two, one
+    not modelled and one whose runs rebuild to the same program."""
+    return [
+        published.RunPair("x", "src", "", _run("flash", FLASH, 300.0),
+                          _run("ulysses", ULYSSES, 280.0)),
+        published.RunPair("y", "src", "", _run("ulysses", ULYSSES, 100.0),
+                          _run("flash", FLASH, 160.0)),
+        published.RunPair("z", "src", "", _run("ring", RING, 200.0),
+                          _run("flash", FLASH, 205.0)),
+        published.RunPair("w", "src", "", _run("flash", FLASH, 1.0),
+                          _run("ulysses", ULYSSES, 1.0), not_modelled="why not"),
+        published.RunPair("v", "src", "", _run("online", RING, 110.0),
+                          _run("fixed-m", RING, 105.0)),
+    ]
+
+
+def _check(pairs, step_of=None, seen=None):
+    step_of = step_of or {FLASH: 3.0, ULYSSES: 2.5, RING: 3.2}
+    return published.published_check(_fake_predictor(step_of, seen), gathers=[], pairs=pairs,
+                                      topology_of=simulated)
+
+
+def test_independent_predictions_are_distinct_pairs_of_rebuilt_runs_not_rows():
+    pairs, seen = _pairs(), []
+    result = _check(pairs, seen=seen)
+    # Each rebuilt run is predicted once, and the same-program pair asks for nothing.
+    assert sorted(seen) == sorted({(CASE, r) for r in (FLASH, ULYSSES, RING)})
+    rows = result.comparisons.set_index("measurement")
+    assert rows.at["x", "prediction"] == rows.at["y", "prediction"]  # a / b and b / a
+    assert rows.at["z", "prediction"] not in ("", rows.at["x", "prediction"])
+    assert rows.at["w", "status"] == "not modelled: why not"
+    assert rows.at["v", "status"].startswith("not modelled")
+    assert rows.at["w", "prediction"] == rows.at["v", "prediction"] == ""
+    table = result.predictions.set_index("prediction")
+    assert len(table) == len({published.prediction_key(p) for p in pairs[:3]})
+    assert table.at[rows.at["x", "prediction"], "rows"] == 2
+    assert table.at[rows.at["z", "prediction"], "rows"] == 1
+    # Every row's checks are counted under its prediction.
+    for pid, group in result.comparisons[result.comparisons["status"] == "ok"].groupby(
+            "prediction"):
+        assert table.at[pid, published.SIGNS_RIGHT] == group["right_sign"].sum()
+        assert table.at[pid, published.DIFFERENCES_WITHIN] == group[
+            "diff_within_target"].sum()
+
+
+def test_a_prediction_meets_a_target_only_if_every_pair_mapped_to_it_does():
+    result = _check(_pairs())
+    rows = result.comparisons.set_index("measurement")
+    # x: 40 x (3.0 - 2.5) = 20 s against 20 s; y: -20 s against -60 s (right sign, 67 % off);
+    # z: 40 x (3.2 - 3.0) = 8 s against -5 s (wrong sign).
+    assert rows.at["x", "diff_within_target"] and rows.at["y", "right_sign"]
+    assert not rows.at["y", "diff_within_target"] and not rows.at["z", "right_sign"]
+    targets = result.targets.set_index("target")
+    predictions = result.predictions
+    with_difference = predictions[predictions["difference rows"] > 0]
+    for column, name in ((published.SIGNS_RIGHT, "right sign of a - b on every pair"),
+                         (published.DIFFERENCES_WITHIN,
+                          f"a - b within ±{published.DIFFERENCE_PERCENT:g} % of the published "
+                          "difference on every pair")):
+        hits = int((with_difference[column] == with_difference["difference rows"]).sum())
+        assert targets.at[name, "value"].startswith(
+            f"{hits} of {len(with_difference)} predictions ("
+            f"{int(with_difference[column].sum())} of "
+            f"{int(with_difference['difference rows'].sum())} published pairs)")
+        assert targets.at[name, "met"] == ("met" if hits == len(with_difference) else "missed")
+    # Here: the x / y prediction has both signs right but one difference off, z neither.
+    assert targets.at["right sign of a - b on every pair", "value"].startswith("1 of 2 ")
+    assert targets.loc[targets.index.str.startswith("a - b within"), "value"].iloc[0] \
+        .startswith("0 of 2 predictions (1 of 3 published pairs)")
+    count = targets.at["independent predictions (counted)", "value"]
+    assert count.startswith(f"{len(predictions)}: {len(predictions)} pairs of rebuilt runs "
+                            "(from 3 modelled published pairs; 2 more not modelled)")
+
+
+def test_lone_collectives_are_counted_beside_the_pairs():
+    result = published.published_check(
+        _fake_predictor({FLASH: 3.0, ULYSSES: 2.5, RING: 3.2}), pairs=_pairs()[:1],
+        topology_of=simulated)
+    lone = result.gathers["prediction"].nunique()
+    assert lone == len({published.gather_key(m) for m in published.GATHERS})
+    count = result.targets.set_index("target").at["independent predictions (counted)", "value"]
+    dependent = sum(bool(m.constant_from) for m in published.GATHERS)
+    assert count.startswith(f"{len(result.predictions) + lone}: ")
+    assert f"+ {lone} lone collectives ({dependent} not independent" in count
+
+
+def test_compute_models_are_compared_on_the_same_pairs():
+    recipes = sorted({r.recipe for p in published.PAIRS for r in (p.a, p.b)})
     checks = {model: published.published_check(
-        _fake_predictor({c: 1.0 + (i + 1) * scale for i, c in enumerate(candidates)}),
+        _fake_predictor({c: 1.0 + (i + 1) * scale for i, c in enumerate(recipes)}),
         gathers=[], topology_of=simulated) for model, scale in (("a", 0.1), ("b", 0.01))}
     table = published.compare_models(checks).set_index("compute model")
     for model, check in checks.items():
-        ratios = check.comparisons[check.comparisons["compared"].str.endswith("ratio")]
-        assert table.loc[model, "mean abs error %"] == pytest.approx(
-            ratios["error_pct"].abs().mean())
+        done = check.comparisons[check.comparisons["status"] == "ok"]
+        assert table.loc[model, "mean abs difference error %"] == pytest.approx(
+            done["diff_error_pct"].abs().mean())
+        assert table.loc[model, "mean abs ratio error %"] == pytest.approx(
+            done["ratio_error_pct"].abs().mean())
+        assert table.loc[model, "predictions"] == len(check.predictions)
     assert "agrees better" in dataclasses.replace(checks["a"], models=table.reset_index()
                                                   ).markdown()
 
@@ -126,25 +260,28 @@ def test_a_missing_generation_is_found_when_called_and_becomes_the_rows_reason()
     reason = published.missing_generation("wan2.1-t2v-14b@1280x720x81/v99:2x2")
     assert reason.startswith("not modelled yet: v99 generation missing")
     run = published.Run("a", "wan2.1-t2v-14b@1280x720x81/v99:2x2", published.FLASH4, 40, 100.0)
-    pair = published.RunPair("k", "src", "what", run, dataclasses.replace(run, label="b"))
-    rows = published.pair_rows(pair, {(run.case, run.recipe):
-                                      published.RunPrediction(reason=reason)})
-    assert [r["status"] for r in rows] == [reason, reason]
-    assert all(math.isnan(r["predicted"]) for r in rows)
+    pair = published.RunPair("k", "src", "what", run,
+                             dataclasses.replace(run, label="b", recipe=published.ULYSSES4))
+    row = published.pair_row(pair, {run.key: published.RunPrediction(reason=reason)})
+    assert row["status"] == reason
+    assert math.isnan(row["predicted_diff_s"]) and math.isnan(row["predicted_ratio"])
 
 
-def test_check_counts_only_modelled_ratios_toward_the_target():
-    step_of = {c: 1.0 + i / 10 for i, c in enumerate(
-        sorted({r.recipe for p in published.PAIRS for r in (p.a, p.b)}))}
-    result = published.published_check(_fake_predictor(step_of), gathers=[],
-                                        topology_of=simulated)
-    ratios = result.comparisons[result.comparisons["compared"].str.endswith("ratio")]
-    modelled = ratios[ratios["status"] == "ok"]
-    assert len(modelled) == len([p for p in published.PAIRS if not p.not_modelled])
-    for target, column in zip(result.targets["value"], ["right_side", "within_target"],
-                              strict=True):
-        assert target.startswith(f"{sum(map(bool, modelled[column]))} of {len(modelled)}")
-    assert published.SECTION in result.markdown()
+def test_the_floor_summary_names_the_highest_floor_and_the_models_efficiency():
+    runs = pd.DataFrame([
+        {"measurement": "m1", "run": "a", "case": "w@1280x720x81/v6e:2x4", "status": "ok",
+         "timed": published.WHOLE_GENERATION, "attention_efficiency_floor": 0.3},
+        {"measurement": "m2", "run": "b", "case": "w@1280x720x81/tpu7x:2x2x1", "status": "ok",
+         "timed": published.DENOISE_LOOP, "attention_efficiency_floor": 0.9},
+        {"measurement": "m3", "run": "c", "case": "w@1280x720x81/v6e:2x4",
+         "status": "not compiled", "timed": published.WHOLE_GENERATION,
+         "attention_efficiency_floor": 5.0}])
+    text = published.floor_summary(runs)
+    model = chip_spec("tpu7x").attention_efficiency
+    assert "the highest is 0.9, m2, run b" in text
+    assert f"attention_efficiency {model:g} for tpu7x" in text
+    above = sum(f > chip_spec(g).attention_efficiency for f, g in ((0.3, "v6e"), (0.9, "tpu7x")))
+    assert f"{above} of 2 floors lie above" in text
 
 
 def test_the_published_runs_are_built_as_maxdiffusion_builds_them():
@@ -160,3 +297,54 @@ def test_the_published_runs_are_built_as_maxdiffusion_builds_them():
     assert built[published.ULYSSES4].flags.name == "maxdiffusion-ulysses"
     assert {built[r].flags.name for r in (published.FLASH4, published.RING4)} == {
         "maxdiffusion-wan"}
+
+
+def test_pr_430s_2d_ring_is_ulysses_2_on_a_chip_times_ring_2_across_chips():
+    pair = next(p for p in published.PAIRS if p.source == published.PR_430)
+    assert pair.timed == published.DENOISE_LOOP and pair.difference
+    assert (pair.a.published_s, pair.b.published_s) == (
+        published.PR430_ULYSSES_DENOISE, published.PR430_2D_RING_DENOISE)
+    assert pair.a.steps == pair.b.steps == 40  # base_wan_27b.yml's num_inference_steps
+    case = parse_case(pair.b.case)
+    topology = case.topology()
+    assert topology.num_devices == 8 and topology.devices_per_chip == 2  # v7x-8
+    keys = setup_keys(pair.b.recipe)
+    assert (keys["attention"], keys["ulysses_shards"], keys["ici_context_parallelism"],
+            keys["ici_data_parallelism"]) == ("ulysses_ring", 2, 4, 2)
+    setup = maxdiffusion_setup(case.workload, topology, **keys)
+    degrees = {role: setup.candidate.degree(role) for role in ("cfg", "ulysses", "ring")}
+    assert degrees == {"cfg": 2, "ulysses": 2, "ring": 2}
+    assert setup.flags.name == "maxdiffusion-ulysses"
+    # MaxDiffusion's README: "an intra-chip Ulysses axis and a cross-chip ring axis".
+    roles = [axis.role for axis in setup.candidate.axes]
+    grid = np.asarray(setup.placement.order).reshape([a.size for a in setup.candidate.axes])
+    chip = topology.device_chip
+    uly = np.moveaxis(grid, roles.index("ulysses"), -1).reshape(-1, 2)
+    ring = np.moveaxis(grid, roles.index("ring"), -1).reshape(-1, 2)
+    assert all(chip[a] == chip[b] for a, b in uly)
+    assert all(chip[a] != chip[b] for a, b in ring)
+    # Its Ulysses side is the same rebuilt run as the README's v7x-8 Ulysses.
+    readme = next(p for p in published.PAIRS if p.key == "README Ulysses ~10 % on v7x-8")
+    assert pair.a.key == readme.b.key
+
+
+def test_pr_452s_kernel_change_is_not_modelled_and_asks_for_no_compile():
+    pair = next(p for p in published.PAIRS if p.source == published.PR_452)
+    assert pair.a.key == pair.b.key and pair.not_modelled
+    seen = []
+    result = _check([pair], seen=seen)
+    assert seen == [] and result.predictions.empty
+    assert result.comparisons["status"].iloc[0].startswith("not modelled")
+
+
+def test_every_published_pair_keeps_its_source_and_the_section_says_what_was_fitted():
+    sources = {published.PR_376, published.README, published.PR_430, published.PR_452}
+    assert {p.source for p in published.PAIRS} == sources
+    recipes = sorted({r.recipe for p in published.PAIRS for r in (p.a, p.b)})
+    result = published.published_check(
+        _fake_predictor({c: 1.0 + i / 10 for i, c in enumerate(recipes)}),
+        topology_of=simulated)
+    text = result.markdown()
+    assert published.SECTION in text and "What was fitted and what was not" in text
+    assert published.floor_summary(result.runs) in text
+    assert all(url in text for url in sources)
