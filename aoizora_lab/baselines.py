@@ -14,8 +14,9 @@ command-line flags). The existing systems (:data:`SYSTEMS`):
   ``LIBTPU_INIT_ARGS``.
 - ``maxdiffusion-best``: the best of its attention kernels (``flash``, ``ulysses``,
   ``tokamax_ring``, ``ulysses_ring`` with every ``ulysses_shards``) x its recipes (context over
-  every chip; ``ici_data_parallelism=2`` x context over the rest) on the slice, each with the
-  README's flags for that kernel.
+  every chip; ``ici_data_parallelism=2`` x context over the rest; each also with
+  ``ici_tensor_parallelism=2``) on the slice, each with the README's flags for that kernel;
+  where one flag breaks a compile, the same recipe less that flag (:func:`with_fallbacks`).
 - ``xdit-usp``: the official Wan 2.1 code on xDiT's USP (``generate.py --ulysses_size U
   --ring_size R [--dit_fsdp]``): no CFG parallelism, ``U x R`` = every device, heads divisible by
   ``U``, the token axis padded to a multiple of ``U x R``, ranks in launch order with Ulysses
@@ -29,7 +30,8 @@ MaxDiffusion's asynchronous all-to-all, Ulysses setups the estimate ranks last c
 What the system's own code would refuse (a head count Ulysses cannot split, a mesh
 ``create_device_mesh`` refuses) is recorded with the reason; where a user would change one
 setting to get past a refusal (``allow_split_physical_axes=True``), the setup is built that way
-and its ``note`` says so.
+and its ``note`` says so. That setting changes nothing elsewhere: ``create_device_mesh``
+splits a physical axis only where no unsplit assignment exists, so it is no setup of its own.
 
 Heads are never padded: MaxDiffusion's Ulysses "fails fast instead of padding synthetic heads",
 the official Wan code asserts ``num_heads % ulysses_size == 0`` (xDiT checks the same), and the
@@ -37,11 +39,11 @@ planner follows them (a head split that does not divide is an invalid candidate)
 padded by all three (MaxDiffusion to a multiple of the context shards, Wan to a multiple of
 ``U x R``, the planner to a multiple of the sequence degree).
 
-Differences from the real systems, all in the baselines' favour or neutral: the official Wan
-code runs the two CFG passes one after the other (here: one batch of two, the same FLOPs with
-half as many collectives); MaxDiffusion shards each weight on its ``embed`` dimension (here:
-the largest divisible dimension, the same bytes); the Tokamax kernels are priced as our splash
-kernel; padded tokens are masked here (the official Wan code does not mask them).
+Where a rebuild differs from the real system, and which way each difference goes where it is
+known, is listed in the README ("Differences from the real systems"): among them both CFG
+passes as one batch, tensor-parallel recipes with split attention heads, Tokamax and custom
+kernels priced as our splash kernel, and the options not rebuilt (:data:`MAXDIFFUSION_UNBUILT`,
+each a trial row with why).
 
 Ablations of the plan (the plan's program in another device order, the best candidate in plain
 order) are not baselines: they are the *placement gain* and *strategy gain* of a
@@ -60,7 +62,6 @@ import numpy as np
 
 from aoizora_lab.candidates import Candidate, default_attention, explain_candidates
 from aoizora_lab.compile import (
-    DEFAULT_FLAGS,
     CompiledCandidate,
     CompilerFlags,
     CompileStatus,
@@ -124,9 +125,24 @@ class Setup:
     placement: Placement
     """Its device order (what the system's mesh construction gives)."""
     flags: CompilerFlags
-    """The compiler flags its recipe sets."""
+    """The compiler flags it compiles with: its recipe's, less any in ``dropped``."""
     note: str = ""
     """What was changed to build it, or how it differs from the real system."""
+    dropped: tuple[DroppedFlag, ...] = ()
+    """The flags of its recipe's set left out because the compile with them failed here
+    (:func:`with_fallbacks`); empty: compiled as its recipe sets them."""
+
+
+@dataclass(frozen=True)
+class DroppedFlag:
+    """A flag of a recipe's set that broke its compile here, left out (the rest kept)."""
+
+    flag: str
+    """The ``--name=value`` word left out."""
+    status: CompileStatus
+    """How the compile with the recipe's whole set ended (``crash`` or ``error``)."""
+    message: str
+    """The first line of the compiler's message (or of the crash's)."""
 
 
 # ----------------------------------------------------------------------------- MaxDiffusion
@@ -181,6 +197,10 @@ def maxdiffusion_setup(workload: Workload, topology: Topology, *,
                                        fsdp_over_cfg=ici["fsdp"] > 1)
     shape = (ici["data"], ici["fsdp"], context, ici["tensor"])
     mesh, note = _maxdiffusion_mesh(shape, topology, allow_split_physical_axes)
+    if ici["tensor"] > 1:
+        note = "; ".join(filter(None, [note, (
+            "its attention ignores the tensor axis (repeated on each of the "
+            f"{ici['tensor']} tensor shards); rebuilt with heads split over it")]))
     # Mesh (data, fsdp, context, tensor) -> our axes (cfg, ulysses, ring, context, tp); the
     # context axis of ulysses_ring is (ring, ulysses) with Ulysses innermost (row-major).
     grid = np.asarray(mesh.order).reshape(batch, ring, uly, context // (ring * uly),
@@ -244,19 +264,51 @@ def maxdiffusion_recipes(workload: Workload, topology: Topology
                          ) -> list[dict[str, Any]]:
     """The config keys of every MaxDiffusion recipe x kernel on ``topology``: context over
     every chip (the shipped default) and, with guidance, ``ici_data_parallelism=2`` (its
-    published Wan recipes); ``flash``, ``ulysses``, ``tokamax_ring`` and ``ulysses_ring`` with
-    each ``ulysses_shards`` between 2 and context / 2."""
+    published Wan recipes), each also with ``ici_tensor_parallelism=2``
+    (:data:`MAXDIFFUSION_TENSOR`); ``flash``, ``ulysses``, ``tokamax_ring`` and
+    ``ulysses_ring`` with each ``ulysses_shards`` between 2 and context / 2."""
     n = topology.num_devices
+    heads = workload.config().num_heads
     recipes = []
     for data in (1, 2) if workload.batch >= 2 and n % 2 == 0 else (1,):
-        context = n // data
-        for attention in ("flash", "ulysses", "tokamax_ring"):
-            recipes.append({"ici_data_parallelism": data, "attention": attention})
-        for shards in range(2, context // 2 + 1):
-            if context % shards == 0:
-                recipes.append({"ici_data_parallelism": data, "attention": "ulysses_ring",
-                                "ulysses_shards": shards})
+        for tensor in MAXDIFFUSION_TENSOR:
+            if n % (data * tensor) or heads % tensor:
+                continue
+            context = n // (data * tensor)
+            base = {"ici_data_parallelism": data,
+                    **({"ici_tensor_parallelism": tensor} if tensor > 1 else {})}
+            for attention in ("flash", "ulysses", "tokamax_ring"):
+                recipes.append({**base, "attention": attention})
+            for shards in range(2, context // 2 + 1):
+                if context % shards == 0:
+                    recipes.append({**base, "attention": "ulysses_ring",
+                                    "ulysses_shards": shards})
     return recipes
+
+
+MAXDIFFUSION_TENSOR = (1, 2)
+"""``ici_tensor_parallelism`` values of :func:`maxdiffusion_recipes`. Its Wan configs and
+README ship 1; 2 is the degree the planner's tensor-parallel plans use. MaxDiffusion's attention
+ignores the tensor axis (for Wan, ``attention_sharding_uniform`` maps the attention heads to
+no mesh axis), so its real program repeats attention on each tensor shard; the rebuild splits
+heads over it, ``tensor`` times fewer attention FLOPs per chip than the real program."""
+
+MAXDIFFUSION_UNBUILT: tuple[tuple[str, str], ...] = (
+    ("attention=ulysses_ring_custom", "rebuilt as attention=ulysses_ring: the same all-to-alls "
+     "inside and ring hops across (R - 1 ppermutes, the last rotation skipped, as here); its "
+     "custom splash kernel differs in tiles, which the model prices at one attention "
+     "efficiency"),
+    ("attention=ulysses_ring_custom_fixed_m", "not rebuilt: ulysses_ring_custom with a fixed "
+     "softmax bound (a pmax and an all-gather of norms more, a faster kernel); the model "
+     "prices kernels by FLOPs, so it would price the kernel change as nothing and the extra "
+     "collectives as a loss"),
+    ("attention=ulysses_ring_custom_bidir", "not rebuilt: a ring without wraparound run as two "
+     "one-hop streams with about twice the attention work; not modelled"),
+    ("ulysses_attention_chunks=N", "not rebuilt: Ulysses in N head chunks, each with its own "
+     "all-to-alls, so the compiler may overlap a chunk's all-to-all with another's "
+     "attention; not modelled yet"),
+)
+"""MaxDiffusion options a user may set that are no separate setup here, each with why."""
 
 
 # ----------------------------------------------------------------------------- xDiT / Wan
@@ -483,8 +535,8 @@ class Baselines(Records[BaselineOutcome]):
     """Every existing system's outcome (and the user's setup), in :data:`SYSTEMS` order.
     ``plan_s`` (the plan's predicted step) gives :meth:`to_frame` ``speedup_of_plan``."""
 
-    COLUMNS = ("baseline", "recipe", "candidate", "placement", "flags", "status", "compute_s",
-               "comm_s", "total_s", "speedup_of_plan", "note", "reason")
+    COLUMNS = ("baseline", "recipe", "candidate", "placement", "flags", "dropped_flags",
+               "status", "compute_s", "comm_s", "total_s", "speedup_of_plan", "note", "reason")
 
     def __init__(self, items: Iterable[BaselineOutcome] = (), *,
                  plan_s: float | None = None) -> None:
@@ -509,17 +561,20 @@ class Baselines(Records[BaselineOutcome]):
 
     def trials(self) -> Any:
         """Every setup tried, one row each: ``baseline``, ``recipe``, ``candidate``,
-        ``flags``, ``estimate_s``, ``total_s``, ``chosen``, ``reason``."""
+        ``flags``, ``dropped_flags`` (its recipe's flags left out), ``estimate_s``,
+        ``total_s``, ``chosen``, ``reason``."""
         import pandas as pd
 
         rows = [{"baseline": o.name, "recipe": t.recipe,
                  "candidate": t.setup.candidate.name if t.setup else "-",
                  "flags": t.setup.flags.label if t.setup else "-",
+                 "dropped_flags": _dropped(t.setup),
                  "estimate_s": t.estimate_s, "total_s": t.total_s,
                  "chosen": o.setup is not None and t.setup == o.setup, "reason": t.reason}
                 for o in self for t in o.trials]
         return pd.DataFrame(rows, columns=["baseline", "recipe", "candidate", "flags",
-                                           "estimate_s", "total_s", "chosen", "reason"])
+                                           "dropped_flags", "estimate_s", "total_s", "chosen",
+                                           "reason"])
 
     def row(self, item: BaselineOutcome) -> dict[str, Any]:
         predicted = item.plan.predicted if item.plan else None
@@ -528,13 +583,17 @@ class Baselines(Records[BaselineOutcome]):
                 "candidate": setup.candidate.name if setup else "-",
                 "placement": setup.placement.description if setup else "-",
                 "flags": setup.flags.label if setup else "-",
-                "status": item.status.value,
+                "dropped_flags": _dropped(setup), "status": item.status.value,
                 "compute_s": predicted.compute_s if predicted else math.nan,
                 "comm_s": predicted.comm_s if predicted else math.nan,
                 "total_s": predicted.total_s if predicted else math.nan,
                 "speedup_of_plan": (predicted.total_s / self.plan_s
                                     if predicted and self.plan_s else math.nan),
                 "note": setup.note if setup else "", "reason": item.reason}
+
+
+def _dropped(setup: Setup | None) -> str:
+    return " ".join(d.flag for d in setup.dropped) if setup else ""
 
 
 def system_setups(name: str, workload: Workload, topology: Topology
@@ -552,8 +611,9 @@ def system_setups(name: str, workload: Workload, topology: Topology
         return _built([{}], lambda keys: maxdiffusion_setup(workload, topology, **keys),
                       config_words)
     if name == "maxdiffusion-best":
-        return _built(maxdiffusion_recipes(workload, topology),
-                      lambda keys: maxdiffusion_setup(workload, topology, **keys), config_words)
+        return [*_built(maxdiffusion_recipes(workload, topology),
+                        lambda keys: maxdiffusion_setup(workload, topology, **keys),
+                        config_words), *MAXDIFFUSION_UNBUILT]
     if name == "xdit-usp":
         return _built(xdit_recipes(workload, topology),
                       lambda keys: xdit_setup(workload, topology, **keys), flag_words)
@@ -615,25 +675,68 @@ def baseline_setups(workload: Workload, topology: Topology, pruning: Pruning, *,
 
 def with_fallbacks(setups: Sequence[SystemSetups], outcomes: Mapping[tuple[str, str], Outcome]
                    ) -> list[SystemSetups]:
-    """``setups``, each system's with one more setup for every recipe whose flags failed to
-    compile (``crash`` or ``error``; libtpu refuses asynchronous all-to-all on "limited ICI",
-    e.g. ``v5e:8x8``): the same recipe without its ``LIBTPU_INIT_ARGS``, as its user would
-    run it once it fails."""
+    """``setups``, with what a system's user tries when a recipe's flags fail to compile
+    (``crash`` or ``error``: libtpu refuses asynchronous all-to-all on "limited ICI", e.g.
+    ``v5e:8x8``, and aborts some compiles at 64 chips): the recipe's flags less one flag at
+    a time, the last first (the README's Ulysses section adds the all-to-all flag last), up
+    to the first that compiles; where none does, no flags at all. Each try is one more setup
+    whose :attr:`Setup.dropped` says which flag it leaves out and why.
+
+    Call it again as outcomes arrive: each call adds the next try of every recipe whose
+    tries so far failed, and stops a recipe at a try not run (a time limit). Example: a
+    ``maxdiffusion-ulysses`` recipe that fails once yields the same recipe with
+    ``maxdiffusion-wan`` (less ``--xla_tpu_enable_async_all_to_all``); if that compiles, no
+    other try follows.
+    """
     out = []
     for group in setups:
-        added = []
+        tried = list(group.setups)
         for s in group.setups:
-            result = outcomes.get((s.candidate.name, s.flags.label))
-            if (isinstance(result, CompiledCandidate) and s.flags.label != DEFAULT_FLAGS.label
-                    and result.status in (CompileStatus.CRASH, CompileStatus.ERROR)):
-                why = result.message.split("\n")[0][:120]
-                added.append(replace(
-                    s, recipe=f"{s.recipe} (without its LIBTPU_INIT_ARGS)", flags=DEFAULT_FLAGS,
-                    note="; ".join(filter(None, [s.note, (
-                        f"its {s.flags.label} flags failed to compile here ({result.status}: "
-                        f"{why}); compiled without them, as a user would")]))))
-        out.append(replace(group, setups=(*group.setups, *added)) if added else group)
+            if not s.dropped:
+                tried.extend(_flag_tries(s, outcomes))
+        out.append(replace(group, setups=tuple(dict.fromkeys(tried))))
     return out
+
+
+def _flag_tries(setup: Setup, outcomes: Mapping[tuple[str, str], Outcome]) -> list[Setup]:
+    """The tries of ``setup`` with fewer flags, up to the first not known to have failed."""
+    failed = _failure(outcomes.get((setup.candidate.name, setup.flags.label)))
+    if failed is None or not setup.flags.args:
+        return []
+    words = setup.flags.words
+    status, message = failed
+    tries = [_less(setup, (word,), status, message) for word in reversed(words)]
+    if len(words) > 1:
+        tries.append(_less(setup, words, status, message))
+    out = []
+    for attempt in tries:
+        out.append(attempt)
+        if _failure(outcomes.get((attempt.candidate.name, attempt.flags.label))) is None:
+            break  # not run yet, not run at all, or compiled: no further try
+    return out
+
+
+def _failure(outcome: Outcome | None) -> tuple[CompileStatus, str] | None:
+    """A compile's failure that fewer flags might mend (``None``: anything else)."""
+    if (isinstance(outcome, CompiledCandidate)
+            and outcome.status in (CompileStatus.CRASH, CompileStatus.ERROR)):
+        return outcome.status, outcome.message.split("\n")[0][:160]
+    return None
+
+
+def _less(setup: Setup, words: tuple[str, ...], status: CompileStatus, message: str) -> Setup:
+    flags = setup.flags
+    for word in words:
+        flags = flags.without(word)
+    every = len(words) == len(setup.flags.words)
+    left_out = "its LIBTPU_INIT_ARGS" if every else f"LIBTPU_INIT_ARGS less {words[0]}"
+    return replace(
+        setup, recipe=f"{setup.recipe} ({'without ' if every else ''}{left_out})",
+        flags=flags, dropped=tuple(DroppedFlag(w, status, message) for w in words),
+        note="; ".join(filter(None, [setup.note, (
+            f"its {setup.flags.label} flags failed to compile here ({status}: {message}); "
+            + ("no single flag left out compiled, so none are set" if every else
+               f"tried less {words[0]}, as a user would"))])))
 
 
 def score_baselines(workload: Workload, topology: Topology, pruning: Pruning,

@@ -133,6 +133,25 @@ class CompilerFlags:
         """The name, or ``default`` for no flags."""
         return self.name if self.args else "default"
 
+    @property
+    def words(self) -> tuple[str, ...]:
+        """The ``--flag=value`` words, in order."""
+        return tuple(self.args.split())
+
+    def without(self, word: str) -> CompilerFlags:
+        """This set less the flag ``word``: a set of :data:`FLAG_SETS` where what is left is
+        one (MaxDiffusion's Ulysses set less asynchronous all-to-all is its Wan set), else
+        this set's name with ``-flag`` appended (``maxdiffusion-wan -enable_async_all_reduce``).
+        """
+        if word not in self.words:
+            raise AoizoraError(f"Flag {word!r} is not in the {self.label} set {self.args!r}.")
+        rest = " ".join(w for w in self.words if w != word)
+        known = [f for f in FLAG_SETS.values() if f.args == rest]
+        if known:
+            return known[0]
+        short = word[2:].split("=")[0].removeprefix("xla_tpu_").removeprefix("xla_")
+        return CompilerFlags(f"{self.name} -{short}", rest, f"{self.source}, without {word}")
+
 
 _MAXDIFFUSION_WAN = ("--xla_tpu_enable_async_collective_fusion=true "
                      "--xla_tpu_enable_async_collective_fusion_fuse_all_reduce=true "

@@ -29,9 +29,11 @@ from aoizora_lab.errors import AoizoraError, is_whole
 from aoizora_lab.ir_estimate import IRCacheDir
 from aoizora_lab.placement import TOP_PLACEMENTS
 
-SEARCHED_FLAGS: tuple[str, ...] = ("default", "maxdiffusion-ulysses")
+SEARCHED_FLAGS: tuple[str, ...] = ("default", "maxdiffusion-ulysses", "maxdiffusion-wan")
 """The flag sets the planner compiles each kept candidate with: libtpu's defaults and
-MaxDiffusion's recommended set (asynchronous collective fusion and all-to-all)."""
+MaxDiffusion's two recommended sets, its Ulysses section's (asynchronous collective fusion
+and all-to-all) and its Wan one (the same less asynchronous all-to-all, which libtpu refuses
+on some slices: "not supported on limited ICI" on ``v5e:8x8``)."""
 
 INTERACTIVE_TIME_LIMIT_S = 300.0
 """:data:`INTERACTIVE`'s time limit: a cold plan should answer while its user still waits,

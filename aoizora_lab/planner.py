@@ -291,8 +291,8 @@ def _run_compiles(workload: Workload, topology: Topology, options: PlanOptions,
                              list[SystemSetups]]:
     """Every compile of the plan as a job, run under ``policy`` through one pool (so no
     worker idles at the end of one round while another waits); then the setups whose
-    recipe's flags failed, once more without them (:func:`with_fallbacks`). Returns the jobs,
-    every outcome by key, and the setups with their fallbacks."""
+    recipe's flags failed, with fewer flags until one compiles (:func:`with_fallbacks`, a
+    round per try). Returns the jobs, every outcome by key, and the setups with their tries."""
     jobs = build_jobs(pruning.kept, flag_sets, setups, partial(estimate_of, pruning),
                       pruning.could_win)
     rounds = policy.rounds(jobs)
@@ -305,16 +305,18 @@ def _run_compiles(workload: Workload, topology: Topology, options: PlanOptions,
                           describe=prices, expected=len(jobs), at_most=True,
                           time_left=policy.time_left) as queue:
             run_jobs(rounds, policy, queue, prices, outcomes)
-            setups = with_fallbacks(setups, outcomes.snapshot())
-            again = [j for j in build_jobs((), (), setups, partial(estimate_of, pruning),
-                                           pruning.could_win)
-                     if outcomes.get(j.key) is None]
-            queue.expect(len(again))
-            run_jobs([[[j] for j in again]], policy, queue, prices, outcomes)
+            tries: list[CompileJob] = []
+            while again := [j for j in build_jobs(
+                    (), (), with_fallbacks(setups, outcomes.snapshot()),
+                    partial(estimate_of, pruning), pruning.could_win)
+                    if outcomes.get(j.key) is None]:
+                queue.expect(len(again))
+                run_jobs([[[j] for j in again]], policy, queue, prices, outcomes)
+                tries.extend(again)
     finally:
         if executor is None:
             pool.shutdown()
-    return [*jobs, *again], outcomes.snapshot(), setups
+    return [*jobs, *tries], outcomes.snapshot(), with_fallbacks(setups, outcomes.snapshot())
 
 
 def _sorted_outcomes(jobs: Sequence[CompileJob], outcomes: dict[tuple[str, str], Outcome]
