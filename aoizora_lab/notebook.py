@@ -29,13 +29,12 @@ contract::
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from aoizora_lab.errors import AoizoraError, is_whole
-from aoizora_lab.options import FULL_SEARCH, PlanOptions
+from aoizora_lab.options import FULL_SEARCH, PlanOptions, check_time_limit
 from aoizora_lab.viz.display import show
 
 __all__ = [
@@ -127,11 +126,8 @@ def notebook_inputs(*, case: Any, layers: Any = None, budget: Any = 20_000,
     if not is_whole(budget, 0):
         raise AoizoraError(f"budget={budget!r} must be a whole number of placement "
                            "evaluations >= 0, e.g. 20000.")
-    if time_limit is not None and (isinstance(time_limit, bool) or not isinstance(
-            time_limit, int | float) or not 0 < time_limit < math.inf):
-        raise AoizoraError(f"time_limit={time_limit!r}: give a positive number of seconds "
-                           "(300 answers as `aoizora-lab plan` does), or None for the full "
-                           "search.")
+    if time_limit is not None:
+        check_time_limit(time_limit, "time_limit")
     return NotebookInputs(parsed, workload, parsed.topology(), layers, budget,
                           None if time_limit is None else float(time_limit))
 

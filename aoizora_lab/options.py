@@ -111,12 +111,15 @@ class PlanOptions:
                      if f.name not in ("cache_dir", "ir_cache_dir", "quiet"))
 
 
-def check_time_limit(seconds: Any) -> None:
-    """Raise :class:`AoizoraError` unless ``seconds`` is a usable time limit."""
+def check_time_limit(seconds: Any, name: str = "PlanOptions(time_limit_s") -> None:
+    """Raise :class:`AoizoraError` unless ``seconds`` is a usable time limit; ``name`` is how
+    the caller's user wrote it (``time_limit`` for a notebook)."""
     if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not (
             0 < seconds < math.inf):
-        raise AoizoraError(f"PlanOptions(time_limit_s={seconds!r}): give a positive number of "
-                           "seconds (e.g. 300), or None for the full search.")
+        close = ")" if "(" in name else ""
+        raise AoizoraError(f"{name}={seconds!r}{close}: give a positive number of seconds "
+                           "(e.g. 300, as `aoizora-lab plan` answers), or None for the full "
+                           "search.")
 
 
 def _flag_sets(flags: Any) -> tuple[CompilerFlags, ...]:

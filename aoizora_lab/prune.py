@@ -161,9 +161,11 @@ class Pruning(Records[PruneDecision]):
         and its trace did not fail (the estimate's rules 3-4 do not count: the IR has no
         schedule, and flags that hide communication can lift a candidate it ranks low). A
         candidate pruning never saw may."""
-        found = [d for d in self if d.candidate.name == candidate.name]
-        return not found or found[0].verdict not in (Verdict.OVER_HBM, Verdict.CANNOT_WIN,
-                                                     Verdict.TRACE_FAILED)
+        try:
+            verdict = self.decision(candidate.name).verdict
+        except AoizoraError:  # never seen
+            return True
+        return verdict not in (Verdict.OVER_HBM, Verdict.CANNOT_WIN, Verdict.TRACE_FAILED)
 
     def decision(self, name: str) -> PruneDecision:
         """The decision on the candidate called ``name``."""

@@ -257,13 +257,14 @@ def plan_quality(cases: Iterable[Case | str] = DEFAULT_MATRIX, *, num_layers: in
         label = case_label(case)
         path = Path(records) / record_name(*label) if records is not None else None
         record = _read_record(path, num_layers, budget) if resume and path else None
-        if record is not None and plan_missing and not _is_current(record):
+        current = record is not None and _is_current(record)
+        if record is not None and plan_missing and not current:
             record = None  # made by other code: plan it again
         if record is not None:
             if progress:
                 progress("plan quality: {} on {} (recorded {})".format(*label, record["date"]))
             rows.append(record["row"] | {"ici_model": _recorded_model(record)["order"],
-                                         "record": "current" if _is_current(record)
+                                         "record": "current" if current
                                          else f"stale: planned {record['date'][:10]}"})
             baseline_rows.extend(record["baselines"])
             trial_rows.extend(record["trials"])
