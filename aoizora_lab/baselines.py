@@ -99,7 +99,7 @@ registered; ``ulysses_ring``: Ulysses inside, ring across, ``ulysses_shards`` Ul
 ``tokamax_flash`` shards as ``flash`` does (another kernel, the same program here)."""
 MAXDIFFUSION_KEYS = ("ici_data_parallelism", "ici_fsdp_parallelism", "ici_context_parallelism",
                      "ici_tensor_parallelism", "attention", "ulysses_shards",
-                     "allow_split_physical_axes", "flags")
+                     "allow_split_physical_axes", "ulysses_attention_chunks", "flags")
 """The config keys :func:`maxdiffusion_setup` reads (``flags``: its ``LIBTPU_INIT_ARGS``)."""
 XDIT_KEYS = ("ulysses_size", "ring_size", "dit_fsdp", "flags")
 """The ``generate.py`` flags :func:`xdit_setup` reads."""
@@ -153,6 +153,7 @@ def maxdiffusion_setup(workload: Workload, topology: Topology, *,
                        ici_context_parallelism: int = -1, ici_tensor_parallelism: int = 1,
                        attention: str = "flash", ulysses_shards: int = -1,
                        allow_split_physical_axes: bool = False,
+                       ulysses_attention_chunks: int = 1,
                        flags: str | CompilerFlags | None = None) -> Setup:
     """What MaxDiffusion runs for these config keys (defaults: what its Wan configs ship).
 
@@ -160,7 +161,9 @@ def maxdiffusion_setup(workload: Workload, topology: Topology, *,
     ICI list ``[data, fsdp, context, tensor]`` goes to ``mesh_utils.create_device_mesh``. The
     batch of two CFG passes is sharded over ``data x fsdp``; weights over ``context`` and
     ``fsdp`` (and ``tensor`` for heads / MLP). ``flags`` default to the README's for the
-    kernel. Raises :class:`SystemRefuses` where MaxDiffusion would refuse, quoting its rule.
+    kernel. ``ulysses_attention_chunks`` splits a Ulysses kernel's heads into chunks, at most
+    one per group of Ulysses-many heads (MaxDiffusion caps it there); other kernels ignore it.
+    Raises :class:`SystemRefuses` where MaxDiffusion would refuse, quoting its rule.
 
     Example: ``ici_data_parallelism=2`` on ``v5e:2x4`` gives the mesh (2, 1, 4, 1) and the
     candidate ``cfg2-ctx4-fsdpseq`` (weights sharded 4 ways, over context only).
@@ -190,11 +193,15 @@ def maxdiffusion_setup(workload: Workload, topology: Topology, *,
         raise SystemRefuses(
             f"MaxDiffusion {attention}: {heads} heads do not divide by the Ulysses shards "
             f"{uly} x tensor {ici['tensor']} (it fails fast instead of padding heads).")
+    if not is_whole(ulysses_attention_chunks):
+        raise SystemRefuses(f"MaxDiffusion ulysses_attention_chunks="
+                            f"{ulysses_attention_chunks!r}: a whole number >= 1.")
+    chunks = min(ulysses_attention_chunks, heads // (uly * ici["tensor"])) if uly > 1 else 1
     degrees = {"cfg": batch, "ulysses": uly, "ring": ring, "tp": ici["tensor"],
                "context": context if attention == "flash" else 1}
     candidate = Candidate.from_degrees(degrees, fsdp=context * ici["fsdp"] > 1,
                                        attention=default_attention(topology),
-                                       fsdp_over_cfg=ici["fsdp"] > 1)
+                                       fsdp_over_cfg=ici["fsdp"] > 1, ulysses_chunks=chunks)
     shape = (ici["data"], ici["fsdp"], context, ici["tensor"])
     mesh, note = _maxdiffusion_mesh(shape, topology, allow_split_physical_axes)
     if ici["tensor"] > 1:
@@ -209,6 +216,7 @@ def maxdiffusion_setup(workload: Workload, topology: Topology, *,
     recipe = " ".join([*(f"ici_{k}_parallelism={v}" for k, v in ici.items()
                          if v != 1 or k == "context"), f"attention={attention}",
                        *([f"ulysses_shards={uly}"] if attention == "ulysses_ring" else []),
+                       *([f"ulysses_attention_chunks={chunks}"] if chunks > 1 else []),
                        *(["allow_split_physical_axes=True"] if allow_split_physical_axes
                          else [])])
     chosen = compiler_flags(flags if flags is not None else
@@ -266,7 +274,8 @@ def maxdiffusion_recipes(workload: Workload, topology: Topology
     every chip (the shipped default) and, with guidance, ``ici_data_parallelism=2`` (its
     published Wan recipes), each also with ``ici_tensor_parallelism=2``
     (:data:`MAXDIFFUSION_TENSOR`); ``flash``, ``ulysses``, ``tokamax_ring`` and
-    ``ulysses_ring`` with each ``ulysses_shards`` between 2 and context / 2."""
+    ``ulysses_ring`` with each ``ulysses_shards`` between 2 and context / 2; without tensor
+    parallelism, ``ulysses`` in 2 chunks too (``ulysses_attention_chunks=2``)."""
     n = topology.num_devices
     heads = workload.config().num_heads
     recipes = []
@@ -279,6 +288,8 @@ def maxdiffusion_recipes(workload: Workload, topology: Topology
                     **({"ici_tensor_parallelism": tensor} if tensor > 1 else {})}
             for attention in ("flash", "ulysses", "tokamax_ring"):
                 recipes.append({**base, "attention": attention})
+            if tensor == 1:  # the README's example value (it shows 2 and 5)
+                recipes.append({**base, "attention": "ulysses", "ulysses_attention_chunks": 2})
             for shards in range(2, context // 2 + 1):
                 if context % shards == 0:
                     recipes.append({**base, "attention": "ulysses_ring",
@@ -304,9 +315,9 @@ MAXDIFFUSION_UNBUILT: tuple[tuple[str, str], ...] = (
      "collectives as a loss"),
     ("attention=ulysses_ring_custom_bidir", "not rebuilt: a ring without wraparound run as two "
      "one-hop streams with about twice the attention work; not modelled"),
-    ("ulysses_attention_chunks=N", "not rebuilt: Ulysses in N head chunks, each with its own "
-     "all-to-alls, so the compiler may overlap a chunk's all-to-all with another's "
-     "attention; not modelled yet"),
+    ("attention=ulysses_ring ulysses_attention_chunks=N", "not tried: chunks are tried with "
+     "attention=ulysses (2 chunks, the README's example), where every all-to-all is one; each "
+     "ulysses_ring recipe in chunks would be one more compile per recipe"),
 )
 """MaxDiffusion options a user may set that are no separate setup here, each with why."""
 
@@ -610,10 +621,11 @@ def system_setups(name: str, workload: Workload, topology: Topology
     if name == "maxdiffusion-default":
         return _built([{}], lambda keys: maxdiffusion_setup(workload, topology, **keys),
                       config_words)
-    if name == "maxdiffusion-best":
-        return [*_built(maxdiffusion_recipes(workload, topology),
-                        lambda keys: maxdiffusion_setup(workload, topology, **keys),
-                        config_words), *MAXDIFFUSION_UNBUILT]
+    if name == "maxdiffusion-best":  # a recipe the chunk cap makes another's is dropped
+        return [*dict.fromkeys(_built(maxdiffusion_recipes(workload, topology),
+                                      lambda keys: maxdiffusion_setup(workload, topology,
+                                                                      **keys),
+                                      config_words)), *MAXDIFFUSION_UNBUILT]
     if name == "xdit-usp":
         return _built(xdit_recipes(workload, topology),
                       lambda keys: xdit_setup(workload, topology, **keys), flag_words)

@@ -76,9 +76,18 @@ class Candidate:
     fsdp_over_cfg: bool = True
     """With ``fsdp``, the cfg axis shards the weights too; ``False``: only the other non-tp
     axes do (MaxDiffusion's rules). Always ``True`` without a cfg axis or without fsdp."""
+    ulysses_chunks: int = 1
+    """Self-attention in this many head chunks, each with its own all-to-alls (MaxDiffusion's
+    ``ulysses_attention_chunks``; name part ``chunksN``); 1: one pass."""
 
     def __post_init__(self) -> None:
         check_backend(self.attention)
+        if not is_whole(self.ulysses_chunks) or (self.ulysses_chunks > 1
+                                                 and self.degree("ulysses") < 2):
+            raise AoizoraError(
+                f"ulysses_chunks={self.ulysses_chunks!r}: a whole number >= 1, and above 1 only "
+                "with a ulysses axis (the chunks split the all-to-alls of Ulysses), e.g. "
+                "'cfg2-uly4-chunks2'.")
         roles = [a.role for a in self.axes]
         if roles != [r for r in ROLES if r in roles] or any(a.size < 2 for a in self.axes):
             raise AoizoraError(
@@ -94,7 +103,8 @@ class Candidate:
 
     @classmethod
     def from_degrees(cls, degrees: dict[str, int], *, fsdp: bool = False,
-                     attention: str = "splash", fsdp_over_cfg: bool = True) -> Candidate:
+                     attention: str = "splash", fsdp_over_cfg: bool = True,
+                     ulysses_chunks: int = 1) -> Candidate:
         """``Candidate.from_degrees({"cfg": 2, "ulysses": 4})``; degree-1 roles are dropped."""
         if not isinstance(degrees, Mapping):
             raise AoizoraError(
@@ -112,16 +122,20 @@ class Candidate:
             )
         axes = tuple(MeshAxis(role, int(degrees[role]), role) for role in ROLES
                      if int(degrees.get(role, 1)) > 1)
-        return cls(axes, fsdp=fsdp, attention=attention, fsdp_over_cfg=fsdp_over_cfg)
+        return cls(axes, fsdp=fsdp, attention=attention, fsdp_over_cfg=fsdp_over_cfg,
+                   ulysses_chunks=ulysses_chunks)
 
     @classmethod
     def from_name(cls, name: str, *, attention: str = "splash") -> Candidate:
-        """Parse a candidate name such as ``cfg2-uly4-ring2-fsdp`` (or ``single``)."""
+        """Parse a candidate name such as ``cfg2-uly4-ring2-fsdp``, ``cfg2-uly4-chunks2`` (or
+        ``single``)."""
         check_backend(attention)
         parts = str(name).strip().lower().split("-")
         fsdp = parts[-1] in ("fsdp", "fsdpseq")
         over_cfg = parts[-1] != "fsdpseq"
         parts = parts[:-1] if fsdp else parts
+        chunked = re.fullmatch(r"chunks(\d+)", parts[-1]) if parts else None
+        parts = parts[:-1] if chunked else parts
         degrees: dict[str, int] = {}
         for part in parts if parts != ["single"] else []:
             match = re.fullmatch(r"([a-z]+)(\d+)", part)
@@ -133,7 +147,8 @@ class Candidate:
             degrees[_ROLE_OF[match.group(1)]] = int(match.group(2))
         try:
             candidate = cls.from_degrees(degrees, fsdp=fsdp, attention=attention,
-                                         fsdp_over_cfg=over_cfg)
+                                         fsdp_over_cfg=over_cfg,
+                                         ulysses_chunks=int(chunked.group(1)) if chunked else 1)
         except AoizoraError as err:
             raise AoizoraError(f"Candidate name {name!r}: {err}") from None
         if not over_cfg and candidate.fsdp_over_cfg:  # the type drops fsdpseq without cfg
@@ -147,6 +162,7 @@ class Candidate:
     def name(self) -> str:
         """Short stable name: ``cfg2-uly4-ring2``, ``cfg2-ctx4-fsdp``, ``cfg2-ctx4-fsdpseq``."""
         core = "-".join(f"{ABBREVIATIONS[a.role]}{a.size}" for a in self.axes) or "single"
+        core += f"-chunks{self.ulysses_chunks}" if self.ulysses_chunks > 1 else ""
         return core + ("" if not self.fsdp else "-fsdp" if self.fsdp_over_cfg else "-fsdpseq")
 
     @property
@@ -191,7 +207,7 @@ class Candidate:
                 )
             mesh = Mesh(array.reshape(self.mesh_shape), self.axis_names)
         return ParallelPlan(mesh, {a.name: a.role for a in self.axes}, fsdp_axes=self.fsdp_axes,
-                            attention=self.attention)
+                            attention=self.attention, ulysses_chunks=self.ulysses_chunks)
 
     def partition_specs(self, cfg: WanConfig) -> dict[str, Any]:
         """Specs of the parameters (as stored), token activations and attention inputs."""

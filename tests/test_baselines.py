@@ -121,7 +121,11 @@ def test_maxdiffusion_best_tries_every_kernel_and_recipe(v5e16):
     recipes = maxdiffusion_recipes(WAN14, v5e16)
     kernels = {(r["ici_data_parallelism"], r.get("ici_tensor_parallelism", 1), r["attention"],
                 r.get("ulysses_shards")) for r in recipes}
-    assert len(kernels) == len(recipes)
+    chunks = [r for r in recipes if r.get("ulysses_attention_chunks", 1) > 1]
+    assert len(kernels) == len(recipes) - len(chunks)
+    assert {(r["ici_data_parallelism"], r.get("ici_tensor_parallelism", 1), r["attention"],
+             r["ulysses_attention_chunks"]) for r in chunks} == {
+        (1, 1, "ulysses", 2), (2, 1, "ulysses", 2)}
     for data in (1, 2):
         for tensor in (1, 2):
             context = 16 // (data * tensor)
@@ -136,6 +140,7 @@ def test_maxdiffusion_best_tries_every_kernel_and_recipe(v5e16):
     # 40 heads: Ulysses 16 deep, or 8 deep x tensor 2, is refused; 8 deep (data 2) is built.
     assert [r for r, _ in refused if r.startswith("ici_")] == [
         "ici_data_parallelism=1 attention=ulysses",
+        "ici_data_parallelism=1 attention=ulysses ulysses_attention_chunks=2",
         "ici_data_parallelism=1 ici_tensor_parallelism=2 attention=ulysses"]
     assert [r for r, _ in refused if not r.startswith("ici_")] == [
         r for r, _ in baselines.MAXDIFFUSION_UNBUILT]  # a row each, with why
@@ -152,6 +157,13 @@ def test_maxdiffusion_best_tries_every_kernel_and_recipe(v5e16):
             assert split.placement == plain.placement
             checked += 1
     assert checked > 0
+    chunked = [s for s in setups if s.candidate.ulysses_chunks > 1]
+    assert [(s.candidate.name, s.recipe) for s in chunked] == [(
+        "cfg2-uly8-chunks2-fsdpseq", "ici_data_parallelism=2 ici_context_parallelism=8 "
+        "attention=ulysses ulysses_attention_chunks=2")]  # 40 heads: 5 groups of 8, 2 chunks
+    capped = maxdiffusion_setup(WAN14, v5e16, ici_data_parallelism=2, attention="ulysses",
+                                ulysses_attention_chunks=9)
+    assert capped.candidate.ulysses_chunks == 5  # MaxDiffusion caps at a chunk per group
     for s in setups:
         tp = s.candidate.degree("tp")
         assert tp == (2 if "ici_tensor_parallelism=2" in s.recipe else 1)

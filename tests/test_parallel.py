@@ -7,7 +7,7 @@ import pytest
 from jax.sharding import Mesh
 
 from aoizora_lab.errors import AoizoraError
-from aoizora_lab.models.parallel import ParallelPlan
+from aoizora_lab.models.parallel import ParallelPlan, ulysses_head_chunks
 from aoizora_lab.models.wan import WanConfig, init_params, param_shardings
 from aoizora_lab.workload import denoise_step
 
@@ -90,3 +90,44 @@ def test_plan_errors_name_the_problem():
                         {"t": "tp", "u": "ulysses"})
     with pytest.raises(AoizoraError, match=r"8 attention heads.*2 x 3"):
         plan.check_model(num_heads=8, batch=2)
+
+
+CHUNKED = [
+    ((4,), {"u": "ulysses"}, (), 2),  # 8 heads, 2 groups of 4: [0, 4), [4, 8)
+    ((2,), {"u": "ulysses"}, (), 3),  # 4 groups of 2: [0, 2), [2, 4), [4, 8)
+    ((2, 2, 2), {"c": "cfg", "u": "ulysses", "r": "ring"}, ("u", "r"), 2),
+    ((2, 2, 2), {"c": "cfg", "t": "tp", "u": "ulysses"}, ("c", "u"), 2),
+]
+
+
+@pytest.mark.parametrize(("shape", "roles", "fsdp", "chunks"), CHUNKED,
+                         ids=lambda v: str(v).replace(" ", ""))
+def test_chunked_ulysses_matches_the_unsharded_step_with_an_all_to_all_set_per_chunk(
+        problem, shape, roles, fsdp, chunks):
+    params, inputs, reference = problem
+    devices = np.array(jax.devices()[:int(np.prod(shape))]).reshape(shape)
+    mesh = Mesh(devices, tuple(roles))
+    counts = {}
+    for n in (1, chunks):
+        plan = ParallelPlan(mesh, roles, fsdp_axes=fsdp, attention_block=8, ulysses_chunks=n)
+        plan.check_model(num_heads=TINY.num_heads, batch=2)
+        sharded = jax.device_put(params, param_shardings(TINY, plan))
+        step = jax.jit(lambda p, i, plan=plan: denoise_step(p, TINY, plan=plan, **i))
+        out = step(sharded, inputs)
+        assert float(jnp.abs(out - reference).max()) <= TOLERANCE * float(
+            jnp.abs(reference).max())
+        counts[n] = step.lower(sharded, inputs).as_text().count("all_to_all")
+    local_heads = TINY.num_heads // plan.size("tp")
+    expected = len(ulysses_head_chunks(local_heads, plan.size("ulysses"), chunks))
+    assert counts[chunks] == expected * counts[1] > 0
+
+
+def test_chunks_need_ulysses_and_at_most_a_chunk_per_head_group():
+    mesh = Mesh(np.array(jax.devices()[:4]).reshape(4), ("a",))
+    with pytest.raises(AoizoraError, match=r"ulysses_chunks=2.*ulysses axis"):
+        ParallelPlan(mesh, {"a": "ring"}, ulysses_chunks=2)
+    plan = ParallelPlan(mesh, {"a": "ulysses"}, ulysses_chunks=3)
+    with pytest.raises(AoizoraError, match="exceeds the 2 groups of 4 heads"):
+        plan.check_model(num_heads=8, batch=2)
+    assert ulysses_head_chunks(40, 8, 2) == [(0, 16), (16, 40)]  # MaxDiffusion's own cases
+    assert ulysses_head_chunks(40, 8, 3) == [(0, 8), (8, 16), (16, 40)]

@@ -27,6 +27,7 @@ ring ``ppermute``, Pallas splash) must be spelled out.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -73,9 +74,18 @@ class ParallelPlan:
     """Attention backend inside each device: ``dense``, ``blockwise`` or ``splash`` (TPU)."""
     attention_block: int = 512
     """Query and key block length of the ``blockwise`` backend."""
+    ulysses_chunks: int = 1
+    """Self-attention in this many head chunks, each with its own all-to-alls (MaxDiffusion's
+    ``ulysses_attention_chunks``): the compiler may run one chunk's all-to-all while another
+    attends (:func:`ulysses_head_chunks`). 1: one pass."""
 
     def __post_init__(self) -> None:
         check_backend(self.attention)
+        if not isinstance(self.ulysses_chunks, int) or self.ulysses_chunks < 1 or (
+                self.ulysses_chunks > 1 and not self.axes("ulysses")):
+            raise AoizoraError(
+                f"ulysses_chunks={self.ulysses_chunks!r}: a whole number >= 1, and above 1 only "
+                "with a ulysses axis (the chunks split the all-to-alls of Ulysses).")
         names = tuple(self.mesh.axis_names) if self.mesh is not None else ()
         if set(self.roles) != set(names):
             raise AoizoraError(
@@ -135,6 +145,11 @@ class ParallelPlan:
                 f"{num_heads} attention heads do not divide by tp x ulysses = {tp} x {uly}; "
                 "pick degrees whose product divides the head count (heads are not padded)."
             )
+        if self.ulysses_chunks > num_heads // (tp * uly):
+            raise AoizoraError(
+                f"ulysses_chunks={self.ulysses_chunks} exceeds the {num_heads // (tp * uly)} "
+                f"groups of {uly} heads each device holds ({num_heads} heads / tp {tp}): give "
+                "at most that many chunks.")
         if batch % cfg:
             raise AoizoraError(
                 f"Batch {batch} does not divide by the cfg degree {cfg}; cfg parallelism needs "
@@ -219,6 +234,14 @@ class _SelfAttentionBody:
     valid_tokens: int
 
     def __call__(self, q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
+        if self.plan.ulysses_chunks == 1:
+            return self._attend(q, k, v)
+        ranges = ulysses_head_chunks(q.shape[2], self.plan.size("ulysses"),
+                                     self.plan.ulysses_chunks)
+        return jnp.concatenate([self._attend(q[:, :, a:b], k[:, :, a:b], v[:, :, a:b])
+                                for a, b in ranges], axis=2)
+
+    def _attend(self, q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
         plan = self.plan
         uly, ring, ctx = (plan._one(r) for r in ("ulysses", "ring", "context"))
         if uly is not None:  # tokens -> heads
@@ -248,3 +271,17 @@ class _SelfAttentionBody:
             out = lax.all_to_all(out, uly, split_axis=1, concat_axis=2, tiled=True)
         return out
 
+
+
+def ulysses_head_chunks(heads: int, ulysses: int, chunks: int) -> list[tuple[int, int]]:
+    """The head ranges of chunked Ulysses, as MaxDiffusion's ``_ulysses_head_chunk_ranges``
+    cuts them: whole groups of ``ulysses`` heads, ``groups // chunks`` per chunk and the rest
+    in the last (at most one chunk per group).
+
+    Example: 40 heads, Ulysses 8 (5 groups), 2 chunks: ``[(0, 16), (16, 40)]``.
+    """
+    groups = heads // ulysses
+    chunks = min(chunks, groups)
+    per = groups // chunks
+    cuts = [i * per * ulysses for i in range(chunks)] + [heads]
+    return list(itertools.pairwise(cuts))
