@@ -187,9 +187,13 @@ class Pruning(Records[PruneDecision]):
                 "verdict": item.verdict.name.lower(), "reason": item.reason}
 
 
+MAX_FRACTION = 0.25
+"""Rule 4's default cap: the share of the candidates pruning keeps at most (``keep`` aside)."""
+
+
 def prune(candidates: Sequence[Candidate], workload: Workload, topology: Topology, *,
           keep: int = 3, bound_margin: float = 0.25, estimate_margin: float = 0.1,
-          max_fraction: float = 0.25,
+          max_fraction: float = MAX_FRACTION,
           estimates: dict[str, IREstimate | str] | None = None,
           dtype: Any = None, ir_cache_dir: IRCacheDir = None,
           ) -> Pruning:

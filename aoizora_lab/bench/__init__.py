@@ -65,7 +65,6 @@ from aoizora_lab.bench.report import (
 )
 from aoizora_lab.bench.search import (
     COLD_TARGET_S,
-    COMPILE_FRACTION_TARGET,
     REGRET_TARGET_PERCENT,
     SEARCH_COST_MATRIX,
     WARM_TARGET_S,
@@ -84,7 +83,6 @@ from aoizora_lab.errors import AoizoraError
 __all__ = [
     "BENCHMARKS",
     "COLD_TARGET_S",
-    "COMPILE_FRACTION_TARGET",
     "DEFAULT_MATRIX",
     "FLOPS_SOURCE",
     "MAIN_JOB_TARGET_S",

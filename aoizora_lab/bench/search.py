@@ -4,9 +4,11 @@
 and warm (the cache the cold run filled), counts what it enumerated, traced and compiled, and
 compiles and places every valid candidate to compare the plan with the exhaustive best: same
 top plan, regret of pruning, and how well the IR estimate orders the candidates (Kendall tau).
-Targets: :data:`COLD_TARGET_S`, :data:`WARM_TARGET_S`, :data:`COMPILE_FRACTION_TARGET`,
-:data:`REGRET_TARGET_PERCENT`, stated for :data:`SEARCH_COST_MATRIX`'s case and checked on
-every case.
+Targets: :data:`COLD_TARGET_S`, :data:`WARM_TARGET_S`, :data:`REGRET_TARGET_PERCENT`,
+stated for :data:`SEARCH_COST_MATRIX`'s case and checked on every case. The share of the
+candidates compiled is reported as what it is, pruning's cap
+(:data:`~aoizora_lab.prune.MAX_FRACTION`, rule 4): it holds by construction, and the regret
+says what the cap costs.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from aoizora_lab.bench.report import (
 )
 from aoizora_lab.cases import Case
 from aoizora_lab.compile import CompileStatus, default_cache_dir, merge_cache
+from aoizora_lab.prune import MAX_FRACTION
 from aoizora_lab.topology import Topology
 from aoizora_lab.versions import cache_root_at
 from aoizora_lab.workload import Workload
@@ -46,8 +49,6 @@ COLD_TARGET_S = 300.0
 """Planner wall time with an empty compile cache."""
 WARM_TARGET_S = 20.0
 """Planner wall time with the cache filled by the cold run."""
-COMPILE_FRACTION_TARGET = 0.25
-"""Candidates the pruned search compiles, as a fraction of the valid ones."""
 REGRET_TARGET_PERCENT = 0.0
 """Latency lost by pruning against the exhaustive search, per cent."""
 
@@ -300,11 +301,12 @@ def _search_targets(row: dict[str, Any]) -> list[dict[str, Any]]:
          row["cold_s"] <= COLD_TARGET_S),
         (f"full search warm <= {WARM_TARGET_S:g} s", f"{row['warm_s']:.1f} s",
          row["warm_s"] <= WARM_TARGET_S),
-        (f"pruned search compiles <= {COMPILE_FRACTION_TARGET:.0%} of valid candidates",
-         f"{row['compiled']} of {row['valid']} ({row['compiled_fraction']:.0%})",
-         row["compiled_fraction"] <= COMPILE_FRACTION_TARGET),
     ]
     out = [{**where, "target": t, "value": v, "met": met(m)} for t, v, m in checks]
+    out.append({**where, "target": f"share compiled: pruning's cap, at most {MAX_FRACTION:.0%} "
+                "of the valid candidates (rule 4; by construction, not a target)",
+                "value": f"{row['compiled']} of {row['valid']} ({row['compiled_fraction']:.0%})",
+                "met": "cap"})
     if row.get("exhaustive_status") == "ok":
         out.append({**where, "target": f"regret {REGRET_TARGET_PERCENT:g} %",
                     "value": f"{row['regret_percent']:.3g} %",
