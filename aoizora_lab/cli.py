@@ -335,7 +335,7 @@ def build_parser() -> argparse.ArgumentParser:
                           "(default: the documented matrix)")
     ben.add_argument("--search-cases", nargs="+", metavar="CASE",
                      help="search-cost and quick-plans cases (default: "
-                          "wan2.1-t2v-14b@1280x720x81/v5e:4x4)")
+                          "wan2.1-t2v-14b@1280x720x81/v5e:4x4; quick plans two more)")
     ben.add_argument("--skip-exhaustive", action="store_true",
                      help="search cost without the exhaustive comparison")
     ben.add_argument("--cache-dir", default=None,

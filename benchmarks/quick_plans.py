@@ -16,8 +16,8 @@ import argparse
 from collections.abc import Iterable
 
 from aoizora_lab.bench import (
+    QUICK_PLAN_MATRIX,
     QUICK_PLAN_MAX,
-    SEARCH_COST_MATRIX,
     TIME_LIMITS,
     QuickPlans,
     quick_plans,
@@ -26,7 +26,7 @@ from aoizora_lab.bench.report import add_cases_option
 from aoizora_lab.cases import Case
 
 
-def run(cases: Iterable[Case | str] = SEARCH_COST_MATRIX, *, num_layers: int | None = None,
+def run(cases: Iterable[Case | str] = QUICK_PLAN_MATRIX, *, num_layers: int | None = None,
         budget: int = 20_000, max_k: int = QUICK_PLAN_MAX,
         time_limits: Iterable[float] = TIME_LIMITS) -> QuickPlans:
     """:func:`aoizora_lab.bench.quick_plans` (tables: ``full``, ``budgets``, ``timed``)."""
@@ -36,8 +36,8 @@ def run(cases: Iterable[Case | str] = SEARCH_COST_MATRIX, *, num_layers: int | N
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_cases_option(parser, SEARCH_COST_MATRIX,
-                     "wan2.1-t2v-14b@1280x720x81/v5e:4x4, the search-cost case")
+    add_cases_option(parser, QUICK_PLAN_MATRIX,
+                     "the search-cost case and two more (bench.quick.QUICK_PLAN_MATRIX)")
     parser.add_argument("--num-layers", type=int, default=None,
                         help="compile depth (default: the planner's, the full model)")
     parser.add_argument("--budget", type=int, default=20_000,

@@ -56,7 +56,13 @@ from aoizora_lab.bench.quality import (
     quality_targets,
     useful_flops,
 )
-from aoizora_lab.bench.quick import QUICK_PLAN_MAX, TIME_LIMITS, QuickPlans, quick_plans
+from aoizora_lab.bench.quick import (
+    QUICK_PLAN_MATRIX,
+    QUICK_PLAN_MAX,
+    TIME_LIMITS,
+    QuickPlans,
+    quick_plans,
+)
 from aoizora_lab.bench.report import (
     ReportFile,
     environment,
@@ -88,6 +94,7 @@ __all__ = [
     "MAIN_JOB_TARGET_S",
     "QUICK_LAYERS",
     "QUICK_MATRIX",
+    "QUICK_PLAN_MATRIX",
     "QUICK_PLAN_MAX",
     "REGRET_TARGET_PERCENT",
     "RERUN_TARGET_S",
@@ -138,9 +145,10 @@ def run_all(*, quick: bool = False, out: str | Path = "reports/benchmarks.md",
     ``quick``: :data:`QUICK_MATRIX` for plan quality and search cost, compiled at
     :data:`QUICK_LAYERS` layers unless ``num_layers`` says otherwise, and 2,000 placement
     evaluations on the first of :data:`THROUGHPUT_CASES` (8 chips); otherwise
-    :data:`DEFAULT_MATRIX`, :data:`SEARCH_COST_MATRIX` at the planner's depth (full unless
-    ``num_layers``) and 20,000 evaluations. ``cases`` / ``search_cases`` (case specs) replace
-    the plan-quality / search-cost matrix; a bad spec is refused before any benchmark runs.
+    :data:`DEFAULT_MATRIX`, :data:`SEARCH_COST_MATRIX`, :data:`QUICK_PLAN_MATRIX` at the
+    planner's depth (full unless ``num_layers``) and 20,000 evaluations. ``cases`` /
+    ``search_cases`` (case specs) replace the plan-quality / search-cost and quick-plans
+    matrices; a bad spec is refused before any benchmark runs.
     ``cache_dir``: the compile cache of plan quality and placement throughput (default
     ``compile/`` under :func:`~aoizora_lab.versions.cache_root`; search cost always starts
     from an empty one). Plan quality records
@@ -174,7 +182,9 @@ def run_all(*, quick: bool = False, out: str | Path = "reports/benchmarks.md",
         report.add(search_cost(search_matrix, num_layers=layers, exhaustive=not skip_exhaustive,
                                progress=progress).markdown())
     if "quick-plans" in chosen:  # after search cost, whose compiles it reads back
-        report.add(quick_plans(search_matrix, num_layers=layers,
+        quick_matrix = ([parse_case(c) for c in search_cases] if search_cases
+                        else QUICK_MATRIX if quick else QUICK_PLAN_MATRIX)
+        report.add(quick_plans(quick_matrix, num_layers=layers,
                                max_k=3 if quick else QUICK_PLAN_MAX,
                                time_limits=() if quick else TIME_LIMITS,
                                progress=progress).markdown())
