@@ -261,7 +261,8 @@ explorer  # a live widget in JupyterLab
 # %% [markdown]
 # The headline values: the speedup over the best existing system, and the plan's two
 # ablations, its placement gain over plain device order and the strategy gain (None where no
-# existing system was priced).
+# existing system was priced, and the speedup None where a time limit left a system's setup
+# that could win uncompiled: not known, `headline.unchecked` names them).
 
 # %%
 headline = result.headline
@@ -270,7 +271,7 @@ record("best_placement", best.placement.description)
 record("best_flags", best.flags.label)
 record("predicted_step_s", best.predicted.total_s)
 record("speedup_over_best_existing_system",
-       headline.vs_existing if headline.best_system else None)
+       headline.vs_existing if headline.best_system and not headline.unchecked else None)
 record("placement_gain_vs_plain", headline.placement_gain["plain"])
 record("strategy_gain", headline.strategy_gain if headline.best_system else None)
 record("placements_ranked", len(result.ranking))

@@ -127,3 +127,17 @@ def test_a_plans_compiled_program_is_the_one_the_compile_sweep_scored(tmp_path):
     assert max(c.count for c in folded.collectives) >= 4
     with pytest.raises(az.AoizoraError, match="num_layers=9"):
         plan.compiled_program(num_layers=9)
+
+
+@pytest.mark.slow
+def test_a_headline_a_time_limit_leaves_unknown_is_recorded_as_none(tmp_path, monkeypatch):
+    # Cold caches and a limit no compile fits: a system's setup that could win is left
+    # uncompiled, so the speedup is not known (NaN in the library, None in the record).
+    monkeypatch.setenv("AOIZORA_LAB_CACHE_DIR", str(tmp_path / "cache"))
+    result = run_reports([ReportSpec("limited", notebooks=("04_placement_ranking",),
+                                     parameters={**SMALL, "time_limit": 1})],
+                         NOTEBOOKS, tmp_path / "out", progress=False)
+    assert result.failed == 0, result.to_frame().to_string()
+    [run] = result.runs
+    assert run.records["speedup_over_best_existing_system"] is None
+    assert run.records["predicted_step_s"] > 0  # the plan itself is known
