@@ -689,10 +689,12 @@ def with_fallbacks(setups: Sequence[SystemSetups], outcomes: Mapping[tuple[str, 
                    ) -> list[SystemSetups]:
     """``setups``, with what a system's user tries when a recipe's flags fail to compile
     (``crash`` or ``error``: libtpu refuses asynchronous all-to-all on "limited ICI", e.g.
-    ``v5e:8x8``, and aborts some compiles at 64 chips): the recipe's flags less one flag at
-    a time, the last first (the README's Ulysses section adds the all-to-all flag last), up
-    to the first that compiles; where none does, no flags at all. Each try is one more setup
-    whose :attr:`Setup.dropped` says which flag it leaves out and why.
+    ``v5e:8x8``, and aborts some compiles at 64 chips): the recipe's flags less the last (the
+    README's Ulysses section adds the all-to-all flag last); then, if that fails too, with no
+    flags, which says whether the flags are to blame (a program that fails without them gets
+    no further try: failures are not cached, so every try is paid again on each plan); then
+    less each other flag in turn, up to the first that compiles. Each try is one more setup
+    whose :attr:`Setup.dropped` says which flags it leaves out and why.
 
     Call it again as outcomes arrive: each call adds the next try of every recipe whose
     tries so far failed, and stops a recipe at a try not run (a time limit). Example: a
@@ -711,20 +713,28 @@ def with_fallbacks(setups: Sequence[SystemSetups], outcomes: Mapping[tuple[str, 
 
 
 def _flag_tries(setup: Setup, outcomes: Mapping[tuple[str, str], Outcome]) -> list[Setup]:
-    """The tries of ``setup`` with fewer flags, up to the first not known to have failed."""
+    """The tries of ``setup`` with fewer flags so far, the next one last: its last flag left
+    out; then no flags, which says whether the flags break it at all (if that fails too, no
+    try follows); then each other flag left out in turn, up to the first that compiles."""
     failed = _failure(outcomes.get((setup.candidate.name, setup.flags.label)))
     if failed is None or not setup.flags.args:
         return []
     words = setup.flags.words
     status, message = failed
-    tries = [_less(setup, (word,), status, message) for word in reversed(words)]
+    tries = [_less(setup, words[-1:], status, message)]
     if len(words) > 1:
-        tries.append(_less(setup, words, status, message))
+        tries += [_less(setup, words, status, message),
+                  *(_less(setup, (word,), status, message) for word in reversed(words[:-1]))]
     out = []
-    for attempt in tries:
+    for i, attempt in enumerate(tries):
         out.append(attempt)
-        if _failure(outcomes.get((attempt.candidate.name, attempt.flags.label))) is None:
-            break  # not run yet, not run at all, or compiled: no further try
+        outcome = outcomes.get((attempt.candidate.name, attempt.flags.label))
+        if i == 1:  # no flags: go on only where that compiled (the flags are to blame)
+            if not (isinstance(outcome, CompiledCandidate)
+                    and outcome.status is CompileStatus.OK):
+                break
+        elif _failure(outcome) is None:
+            break  # compiled, or not run (yet): no further try
     return out
 
 

@@ -296,20 +296,25 @@ ASYNC_ALL_REDUCE = "--xla_enable_async_all_reduce=true"
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("breaking", [ASYNC_ALL_TO_ALL, ASYNC_ALL_REDUCE, "every flag"])
+@pytest.mark.parametrize("breaking", [ASYNC_ALL_TO_ALL, ASYNC_ALL_REDUCE, "every flag",
+                                      "the program"])
 def test_a_recipe_whose_flags_fail_keeps_every_flag_but_the_one_that_breaks(
         planned, host, tmp_path, breaking):
     # As libtpu answers MaxDiffusion's asynchronous all-to-all on a v5e:8x8 ("limited ICI");
-    # "every flag": a compile that fails with any flag set.
+    # "every flag": a compile that fails with any flag set; "the program": Ulysses programs
+    # fail whatever the flags.
     refusal = f"UNIMPLEMENTED: {breaking} not supported on limited ICI"
 
-    def fails(flags):
-        return bool(flags.args) if breaking == "every flag" else breaking in flags.words
+    def fails(setup):
+        if breaking == "the program":
+            return setup.candidate.degree("ulysses") > 1
+        return bool(setup.flags.args) if breaking == "every flag" else (
+            breaking in setup.flags.words)
 
     def compile_refusing(setups, known):
         return {**known, **{(s.candidate.name, s.flags.label): (
             CompiledCandidate(s.candidate, "error", f"JaxRuntimeError: {refusal}\nmore", 0.0,
-                              flags=s.flags) if fails(s.flags) else
+                              flags=s.flags) if fails(s) else
             compile_candidates([s.candidate], WORKLOAD, host, cache_dir=tmp_path)[0])
             for group in setups for s in group.setups
             if (s.candidate.name, s.flags.label) not in known}}
@@ -321,28 +326,34 @@ def test_a_recipe_whose_flags_fail_keeps_every_flag_but_the_one_that_breaks(
     tried = with_fallbacks(setups, known)
     outcomes = score_baselines(WORKLOAD, host, planned.pruning, tried, known)
     best = outcomes["maxdiffusion-best"]
-    assert best.status is Status.OK and not fails(best.setup.flags)
+    assert best.status is Status.OK and not fails(best.setup)
     mine = [s for g in tried if g.name == "maxdiffusion-best" for s in g.setups]
-    refused = [s for s in mine if not s.dropped and fails(s.flags)]
+    refused = [s for s in mine if not s.dropped and fails(s)]
     assert refused  # the case under test happens
     for recipe in refused:
+        words = recipe.flags.words
         tries = [s for s in mine if s.dropped and s.candidate == recipe.candidate
                  and s.recipe.startswith(recipe.recipe)]
-        good = [s for s in tries if not fails(s.flags)]
-        assert len(good) == 1 and tries[-1] == good[0]  # tries stop at the first that compiles
-        dropped = [d.flag for d in good[0].dropped]
-        if breaking == "every flag" and len(recipe.flags.words) > 1:
-            assert dropped == list(recipe.flags.words)  # no single flag mends it: none set
+        good = [s for s in tries if not fails(s)]
+        assert all(refusal in d.message and "more" not in d.message
+                   for s in tries for d in s.dropped)
+        assert {d.status for s in tries for d in s.dropped} == {"error"}
+        if breaking == "the program":  # no flags fails too: no further try
+            assert not good and [len(s.dropped) for s in tries] == [1, len(words)]
+            continue
+        if breaking == "every flag":  # no single flag mends it: without flags it compiles
+            assert [len(s.dropped) for s in good] == [len(words)]
+            assert len(tries) == len(words) + 1
             assert "(without its LIBTPU_INIT_ARGS)" in good[0].recipe
-        else:
-            assert dropped == [breaking if breaking != "every flag" else recipe.flags.args]
-            # every other flag of the recipe is kept
-            assert set(good[0].flags.words) == set(recipe.flags.words) - {dropped[0]}
-            assert f"less {dropped[0]}" in good[0].recipe
-        assert {d.status for d in good[0].dropped} == {"error"}
-        assert all(refusal in d.message and "more" not in d.message for d in good[0].dropped)
+            continue
+        assert tries[-1] in good  # tries stop at the first single flag that mends it
+        [dropped] = [d.flag for d in tries[-1].dropped]
+        assert dropped == breaking
+        # every other flag of the recipe is kept
+        assert set(tries[-1].flags.words) == set(words) - {dropped}
+        assert f"less {dropped}" in tries[-1].recipe
         if breaking == ASYNC_ALL_TO_ALL:  # the README's Ulysses set less it is its Wan set
-            assert good[0].flags.label == "maxdiffusion-wan" and len(tries) == 1
+            assert tries[-1].flags.label == "maxdiffusion-wan" and len(tries) == 1
     trials = outcomes.trials()
     priced = trials[trials["baseline"] == "maxdiffusion-best"]["total_s"]
     assert best.plan.predicted.total_s == priced.min()
