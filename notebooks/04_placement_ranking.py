@@ -272,6 +272,7 @@ record("best_flags", best.flags.label)
 record("predicted_step_s", best.predicted.total_s)
 record("speedup_over_best_existing_system",
        headline.vs_existing if headline.best_system and not headline.unchecked else None)
+record("systems_not_known", list(headline.unchecked))
 record("placement_gain_vs_plain", headline.placement_gain["plain"])
 record("strategy_gain", headline.strategy_gain if headline.best_system else None)
 record("placements_ranked", len(result.ranking))
