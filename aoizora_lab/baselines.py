@@ -72,6 +72,7 @@ from aoizora_lab.compile import (
 )
 from aoizora_lab.cost import breakdown, predict
 from aoizora_lab.errors import AoizoraError, is_whole
+from aoizora_lab.models.parallel import ulysses_head_chunks
 from aoizora_lab.placement import (
     LibraryRefuses,
     Placement,
@@ -196,7 +197,8 @@ def maxdiffusion_setup(workload: Workload, topology: Topology, *,
     if not is_whole(ulysses_attention_chunks):
         raise SystemRefuses(f"MaxDiffusion ulysses_attention_chunks="
                             f"{ulysses_attention_chunks!r}: a whole number >= 1.")
-    chunks = min(ulysses_attention_chunks, heads // (uly * ici["tensor"])) if uly > 1 else 1
+    chunks = len(ulysses_head_chunks(heads // ici["tensor"], uly, ulysses_attention_chunks)
+                 ) if uly > 1 else 1  # capped at a chunk per head group, as MaxDiffusion caps
     degrees = {"cfg": batch, "ulysses": uly, "ring": ring, "tp": ici["tensor"],
                "context": context if attention == "flash" else 1}
     candidate = Candidate.from_degrees(degrees, fsdp=context * ici["fsdp"] > 1,
@@ -757,7 +759,7 @@ def _less(setup: Setup, words: tuple[str, ...], status: CompileStatus, message: 
         flags=flags, dropped=tuple(DroppedFlag(w, status, message) for w in words),
         note="; ".join(filter(None, [setup.note, (
             f"its {setup.flags.label} flags failed to compile here ({status}: {message}); "
-            + ("no single flag left out compiled, so none are set" if every else
+            + ("tried without any, to see whether the flags are to blame" if every else
                f"tried less {words[0]}, as a user would"))])))
 
 

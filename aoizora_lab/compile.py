@@ -666,13 +666,17 @@ whose code key is new but whose program is not reuses the compile."""
 
 def _indexed(cache_dir: Path, key: str) -> dict[str, Any] | None:
     """The entry the index gives for program ``key`` (``None``: none, or not readable)."""
+    name = _indexed_name(cache_dir / PROGRAMS / key)
+    return read_entry(cache_dir / name) if name else None
+
+
+def _indexed_name(index_file: Path) -> str:
+    """The entry name an index file holds (``""``: unreadable, or not an entry's name)."""
     try:
-        name = (cache_dir / PROGRAMS / key).read_text().strip()
+        name = index_file.read_text().strip()
     except OSError:
-        return None
-    if not name or Path(name).name != name or name == PROGRAMS:
-        return None
-    return read_entry(cache_dir / name)
+        return ""
+    return name if name and Path(name).name == name and name != PROGRAMS else ""
 
 
 def _in_child(job: dict[str, Any], work: Path, timeout_s: float, programs: Path | None
@@ -784,10 +788,9 @@ def merge_cache(source: str | Path, target: str | Path) -> int:
             copied += 1
     with contextlib.suppress(OSError):  # no index: nothing to add
         for key in (Path(source) / PROGRAMS).iterdir():
-            target_entry = Path(target) / key.read_text().strip()
-            if (_indexed(Path(source), key.name) is not None
-                    and read_entry(target_entry) is not None):
-                write_atomically(Path(target) / PROGRAMS / key.name, target_entry.name)
+            name = _indexed_name(key)  # the entry itself was checked or copied above
+            if name and read_entry(Path(target) / name) is not None:
+                write_atomically(Path(target) / PROGRAMS / key.name, name)
     with contextlib.suppress(OSError, ValueError, AttributeError):  # no record: nothing to add
         for sweep, peak in json.loads((Path(source) / HOST_MEMORY_FILE).read_text()).items():
             _record_host_peak(Path(target), sweep, [peak])
