@@ -208,6 +208,11 @@ class ModelOptions:
     """What a group's device order does to its gathers and reductions (module docstring,
     *Device order*): ``"compiler"`` as libtpu's emitters label them, ``"logical"`` every
     group along its own order, ``"physical"`` per-axis rings whatever the order."""
+    overlap: float = 1.0
+    """The largest share of its asynchronous collectives' time that compute can hide
+    (``aoizora_lab.cost`` applies it): 1 hides them wholly behind a long enough window;
+    less leaves the rest exposed however long the window (a transfer that starts late, or
+    slows the compute beside it)."""
 
     def __post_init__(self) -> None:
         if self.routing not in ("balanced", "dimension-order"):
@@ -217,6 +222,11 @@ class ModelOptions:
         if self.multi_axis not in ("concurrent", "sequential"):
             raise AoizoraError(
                 f"ModelOptions.multi_axis={self.multi_axis!r}; use 'concurrent' or 'sequential'."
+            )
+        if not 0 <= self.overlap <= 1:
+            raise AoizoraError(
+                f"ModelOptions.overlap={self.overlap!r} must be in [0, 1]: the share of an "
+                "asynchronous collective's time that compute can hide."
             )
         if self.order not in ORDER_MODELS:
             raise AoizoraError(
@@ -249,6 +259,13 @@ class CommEstimate:
     """Bytes on ``busiest_link``."""
     parts: tuple[CommEstimate, ...] = field(default=())
     """For a program: one estimate per collective, in order."""
+    phase_peaks: np.ndarray = field(default_factory=lambda: np.zeros((0, 2)))
+    """For one collective: ``float [phases, 2]``, one run's bytes on the busiest ICI link and
+    on the busiest chip's intra-chip path in each phase (what :func:`transfer_seconds` prices
+    again under other link constants; empty for a program)."""
+    hops: int = 0
+    """For one collective: the farthest a byte of one run travels, in links (an all-reduce's
+    twice; 0 for a program)."""
 
 
 Flows = tuple[np.ndarray, np.ndarray, np.ndarray]
@@ -410,17 +427,17 @@ def _estimate_one(collective: Collective, topology: Topology, device_of: np.ndar
     phases = _phases(collective, group_chips, topology, options)
     link_bytes = np.zeros(_load_shape(topology))
     chip_bytes = np.zeros(topology.num_chips)
-    bandwidth_seconds = 0.0
-    for src, dst, size in phases:
+    peaks = np.zeros((len(phases), 2))
+    for index, (src, dst, size) in enumerate(phases):
         loads = topology.route_loads(src, dst, size, **_routing(topology, options))
         same = src == dst
         on_chip = np.bincount(src[same], size[same], minlength=topology.num_chips)
-        bandwidth_seconds += max(
-            loads.max(initial=0.0) / (chip.ici_link_bandwidth * chip.ici_efficiency),
-            on_chip.max(initial=0.0) / chip.intra_chip_bandwidth)
+        peaks[index] = loads.max(initial=0.0), on_chip.max(initial=0.0)
         link_bytes += loads
         chip_bytes += on_chip
     hops = _farthest_hops(collective, group_chips, topology, options)
+    bandwidth_seconds = float(transfer_seconds(
+        peaks, 0, chip.ici_link_bandwidth * chip.ici_efficiency, chip.intra_chip_bandwidth, 0.0))
     latency_seconds = hops * chip.ici_hop_latency
     count = collective.count
     link_bytes *= count
@@ -431,8 +448,23 @@ def _estimate_one(collective: Collective, topology: Topology, device_of: np.ndar
         bandwidth_seconds=count * bandwidth_seconds,
         latency_seconds=count * latency_seconds,
         link_bytes=link_bytes, chip_bytes=chip_bytes, busiest_link=busiest,
-        busiest_link_bytes=busiest_bytes,
+        busiest_link_bytes=busiest_bytes, phase_peaks=peaks, hops=hops,
     )
+
+
+def transfer_seconds(phase_peaks: np.ndarray, hops: int, link_rate: Any,
+                     intra_chip_bandwidth: Any, hop_latency: Any) -> Any:
+    """One run of a collective from its :attr:`CommEstimate.phase_peaks` and
+    :attr:`~CommEstimate.hops`: each phase as long as its slower path, plus the hops'
+    latency (module docstring). ``link_rate`` is bytes/s on one link (bandwidth x
+    efficiency); the rates may be arrays over draws of the model (the result then is one)."""
+    shape = np.broadcast_shapes(*(np.shape(v) for v in (link_rate, intra_chip_bandwidth,
+                                                        hop_latency)))
+    rate, intra, latency = (np.broadcast_to(np.asarray(v, dtype=np.float64), shape).ravel()
+                            for v in (link_rate, intra_chip_bandwidth, hop_latency))
+    links, chips = np.asarray(phase_peaks, dtype=np.float64).reshape(-1, 2).T
+    seconds = np.maximum(links[:, None] / rate, chips[:, None] / intra).sum(axis=0)
+    return (seconds + hops * latency).reshape(shape)
 
 
 def _farthest_hops(collective: Collective, group_chips: list[np.ndarray],

@@ -43,13 +43,15 @@ compute)``) for IR estimates, which have no schedule: there it is an optimistic 
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from aoizora_lab.comm_model import ModelOptions, estimate
+from aoizora_lab.comm_model import ModelOptions, estimate, transfer_seconds
 from aoizora_lab.errors import AoizoraError
 from aoizora_lab.hardware import ChipSpec, device_spec
 from aoizora_lab.topology import Topology
@@ -91,12 +93,49 @@ class Predicted:
                    float(compute_s + sync_comm_s + max(0.0, async_comm_s - compute_s)))
 
 
+@dataclass(frozen=True, eq=False)
+class Constants:
+    """The constants of a chip and of the model's options that pricing reads and an
+    ensemble varies (:mod:`aoizora_lab.uncertainty`): each a float for one model, or an array
+    ``[draws]`` with one value per draw of the model. Fields as in
+    :class:`~aoizora_lab.hardware.ChipSpec` and
+    :class:`~aoizora_lab.comm_model.ModelOptions`."""
+
+    matmul_efficiency: Any
+    attention_efficiency: Any
+    hbm_efficiency: Any
+    ici_link_bandwidth: Any
+    ici_efficiency: Any
+    ici_hop_latency: Any
+    intra_chip_bandwidth: Any
+    overlap: Any
+
+    @classmethod
+    def of(cls, chip: ChipSpec, options: ModelOptions | None = None) -> Constants:
+        """One model's constants: ``chip``'s and ``options``' own."""
+        return cls(chip.matmul_efficiency, chip.attention_efficiency, chip.hbm_efficiency,
+                   chip.ici_link_bandwidth, chip.ici_efficiency, chip.ici_hop_latency,
+                   chip.intra_chip_bandwidth, (options or ModelOptions()).overlap)
+
+    def take(self, index: Any) -> Constants:
+        """The draws ``index`` selects (fields that are one value for all draws stay so)."""
+        values = (getattr(self, f.name) for f in dataclasses.fields(self))
+        return Constants(*(value[index] if np.ndim(value) else value for value in values))
+
+    @property
+    def link_rate(self) -> Any:
+        """Bytes/s a large transfer achieves on one ICI link."""
+        return np.multiply(self.ici_link_bandwidth, self.ici_efficiency)
+
+
 def roofline_seconds(flops: float, hbm_bytes: float, chip: ChipSpec, *,
-                     compute_efficiency: float = 1.0, hbm_efficiency: float = 1.0) -> float:
+                     compute_efficiency: Any = 1.0, hbm_efficiency: Any = 1.0) -> Any:
     """``max(FLOPs / (peak x efficiency), bytes / (HBM bandwidth x efficiency))``: the time of
-    one op (or a lower bound for a whole program, at efficiency 1)."""
-    return max(flops / (chip.peak_bf16_flops * compute_efficiency),
-               hbm_bytes / (chip.hbm_bandwidth * hbm_efficiency))
+    one op (or a lower bound for a whole program, at efficiency 1); an array where an
+    efficiency is one (draws of the model)."""
+    seconds = np.maximum(np.divide(flops, np.multiply(chip.peak_bf16_flops, compute_efficiency)),
+                         np.divide(hbm_bytes, np.multiply(chip.hbm_bandwidth, hbm_efficiency)))
+    return float(seconds) if np.ndim(seconds) == 0 else seconds
 
 
 def _check_model(compute_model: str | None) -> str:
@@ -106,29 +145,53 @@ def _check_model(compute_model: str | None) -> str:
     return model
 
 
+def op_times(ops: Sequence[ComputeOp], chip: ChipSpec, compute_model: str | None = None,
+             constants: Constants | None = None) -> np.ndarray:
+    """``[ops, draws]``: one run of each op (module docstring), under ``constants`` (default:
+    ``chip``'s own, one draw)."""
+    model = _check_model(compute_model)
+    constants = constants or Constants.of(chip)
+    draws = np.broadcast_shapes(np.shape(constants.matmul_efficiency),
+                                np.shape(constants.attention_efficiency),
+                                np.shape(constants.hbm_efficiency))
+    times = np.empty((len(ops), math.prod(draws)))
+    efficiency = {"matmul": constants.matmul_efficiency,
+                  "attention": constants.attention_efficiency}
+    for index, op in enumerate(ops):
+        if model == "compiler" and op.estimated_cycles and chip.clock_hz:
+            times[index] = op.estimated_cycles / chip.clock_hz
+        else:
+            times[index] = np.ravel(roofline_seconds(
+                op.flops, op.hbm_bytes, chip,
+                compute_efficiency=efficiency.get(op.op_class, 1.0),
+                hbm_efficiency=constants.hbm_efficiency))
+    return times
+
+
 def op_seconds(op: ComputeOp, chip: ChipSpec, compute_model: str | None = None) -> float:
     """Time of one run of a compiled compute op (module docstring)."""
-    if _check_model(compute_model) == "compiler" and op.estimated_cycles and chip.clock_hz:
-        return op.estimated_cycles / chip.clock_hz
-    efficiency = {"matmul": chip.matmul_efficiency,
-                  "attention": chip.attention_efficiency}.get(op.op_class, 1.0)
-    return roofline_seconds(op.flops, op.hbm_bytes, chip, compute_efficiency=efficiency,
-                            hbm_efficiency=chip.hbm_efficiency)
+    return float(op_times((op,), chip, compute_model)[0, 0])
 
 
 def compute_seconds(program: CommProgram, chip: ChipSpec,
                     compute_model: str | None = None) -> float:
     """Per-device compute time of a compiled program: its ops one after the other, each times
     its runs per step."""
-    return sum(op.runs * op_seconds(op, chip, compute_model) for op in program.ops)
+    return float(_runs(program) @ op_times(program.ops, chip, compute_model)[:, 0])
 
 
-def hbm_seconds(collective: Collective, chip: ChipSpec) -> float:
-    """One run's HBM traffic of a collective: it reads its operand and writes its result."""
+def _runs(program: CommProgram) -> np.ndarray:
+    return np.array([float(op.runs) for op in program.ops])
+
+
+def hbm_seconds(collective: Collective, chip: ChipSpec, hbm_efficiency: Any = None) -> Any:
+    """One run's HBM traffic of a collective: it reads its operand and writes its result
+    (at ``chip``'s HBM efficiency, or ``hbm_efficiency``, one per draw)."""
     size = len(collective.groups[0]) if collective.kind != "collective-permute" else 1
     operand = {"all-gather": collective.bytes / size,
                "reduce-scatter": collective.bytes * size}.get(collective.kind, collective.bytes)
-    return (operand + collective.bytes) / (chip.hbm_bandwidth * chip.hbm_efficiency)
+    efficiency = chip.hbm_efficiency if hbm_efficiency is None else hbm_efficiency
+    return (operand + collective.bytes) / np.multiply(chip.hbm_bandwidth, efficiency)
 
 
 # ----------------------------------------------------------------------------- overlap
@@ -147,6 +210,10 @@ class OverlapGroup:
     """Compute scheduled while the asynchronous members are in flight, per run."""
     runs: int
     """Runs per step (those of the computation)."""
+    window_ops: tuple[int, ...] = ()
+    """The ops (indices into the program's ``ops``) scheduled in the window, once per
+    anchor there: what :attr:`window_s` sums, kept to price it again under other
+    constants."""
 
 
 def _segments(start: int, done: int) -> list[tuple[float, float]]:
@@ -201,34 +268,34 @@ def overlap_groups(program: CommProgram, chip: ChipSpec,
     grouped: dict[int, list[int]] = {}
     for i in range(len(sites)):
         grouped.setdefault(root(i), []).append(i)
-    op_times = [op.runs * op_seconds(op, chip, compute_model) for op in program.ops]
+    times = _runs(program) * op_times(program.ops, chip, compute_model)[:, 0]
     groups = []
     for members in grouped.values():
         computation = sites[members[0]].computation
         windows = [seg for i in members for seg in segments[i]]
         runs = program.collectives[members[0]].count
-        window = sum(t for op, t in zip(program.ops, op_times, strict=True)
-                     for comp, position in op.anchors if comp == computation
-                     and any(lo < position < hi for lo, hi in windows)) / max(runs, 1)
+        inside = tuple(index for index, op in enumerate(program.ops)
+                       for comp, position in op.anchors if comp == computation
+                       and any(lo < position < hi for lo, hi in windows))
+        window = float(times[list(inside)].sum()) / max(runs, 1)
         groups.append(OverlapGroup(tuple(members), tuple(bool(segments[i]) for i in members),
-                                   window, runs))
+                                   window, runs, inside))
     return tuple(groups)
 
 
-def group_exposed(group: OverlapGroup, member_s: np.ndarray, joint_s: np.ndarray | float
+def group_exposed(group: OverlapGroup, member_s: np.ndarray, joint_s: np.ndarray | float,
+                  window_s: np.ndarray | float | None = None, overlap: Any = 1.0
                   ) -> np.ndarray:
     """Exposed seconds per run of ``group``: ``member_s`` are its members' times alone
-    (``[members, ...]``, one run), ``joint_s`` their time together on shared links."""
+    (``[members, ...]``, one run), ``joint_s`` their time together on shared links,
+    ``window_s`` the compute that hides them (default :attr:`OverlapGroup.window_s`), of
+    which at most ``overlap`` of the asynchronous members' time (``ModelOptions.overlap``)."""
+    window = group.window_s if window_s is None else window_s
     sync = sum(t for t, a in zip(member_s, group.asynchronous, strict=True) if not a)
+    hidden = sum(t for t, a in zip(member_s, group.asynchronous, strict=True) if a)
     together = np.maximum(np.max(member_s, axis=0), joint_s)
-    return np.maximum(group.window_s + sync, together) - group.window_s
-
-
-def _path_seconds(link_bytes: np.ndarray, chip_bytes: np.ndarray, chip: ChipSpec) -> float:
-    """Time of the busiest path: an ICI link, or a chip's own path between its devices."""
-    return max(float(link_bytes.max(initial=0.0)) / (chip.ici_link_bandwidth
-                                                     * chip.ici_efficiency),
-               float(chip_bytes.max(initial=0.0)) / chip.intra_chip_bandwidth)
+    return np.maximum(np.maximum(window + sync, together) - window,
+                      sync + np.multiply(np.subtract(1.0, overlap), hidden))
 
 
 Priced = tuple[tuple["OverlapGroup", ...], list[float], list[float], tuple["CommEstimate", ...]]
@@ -252,29 +319,49 @@ def _price(program: CommProgram, topology: Topology, placement: Any, chip: ChipS
            compute_model: str | None, options: ModelOptions) -> Priced:
     parts = estimate(program.collectives, topology, placement, chip=chip, options=options).parts \
         if program.collectives else ()
-    alone = [max(p.seconds / c.count, hbm_seconds(c, chip)) if c.count else 0.0
-             for c, p in zip(program.collectives, parts, strict=True)]
     groups = overlap_groups(program, chip, compute_model)
-    exposed = [0.0] * len(alone)
+    alone, exposed = _exposure(program, groups, parts, chip, compute_model,
+                               Constants.of(chip, options))
+    return groups, alone[:, 0].tolist(), exposed[:, 0].tolist(), parts
+
+
+def _exposure(program: CommProgram, groups: Sequence[OverlapGroup],
+              parts: Sequence[CommEstimate], chip: ChipSpec, compute_model: str | None,
+              constants: Constants) -> tuple[np.ndarray, np.ndarray]:
+    """Per collective ``[collectives, draws]``: its time alone per run, and its exposed time
+    per step (module docstring), under ``constants``."""
+    times = _runs(program)[:, None] * op_times(program.ops, chip, compute_model, constants)
+    link_rate, intra, hop = (constants.link_rate, constants.intra_chip_bandwidth,
+                             constants.ici_hop_latency)
+    draws = np.broadcast_shapes(times.shape[1:], *(np.shape(v) for v in (
+        link_rate, intra, hop, constants.hbm_efficiency, constants.overlap)))
+    alone = np.zeros((len(program.collectives), math.prod(draws)))
+    for i, (c, p) in enumerate(zip(program.collectives, parts, strict=True)):
+        if c.count:
+            alone[i] = np.maximum(transfer_seconds(p.phase_peaks, p.hops, link_rate, intra, hop),
+                                  hbm_seconds(c, chip, constants.hbm_efficiency))
+    exposed = np.zeros_like(alone)
     for group in groups:
-        member_s = np.array([alone[i] for i in group.members])
-        joint = member_s.max()
-        if len(group.members) > 1:
-            runs = [program.collectives[i].count for i in group.members]
-            joint = _path_seconds(
-                sum(parts[i].link_bytes / n for i, n in zip(group.members, runs, strict=True)),
-                sum(parts[i].chip_bytes / n for i, n in zip(group.members, runs, strict=True)),
-                chip) + max(
-                parts[i].latency_seconds / program.collectives[i].count for i in group.members)
+        members = list(group.members)
+        member_s = alone[members]
+        window = times[list(group.window_ops)].sum(axis=0) / max(group.runs, 1)
+        joint = member_s.max(axis=0)
+        if len(members) > 1:
+            runs = [max(program.collectives[i].count, 1) for i in members]
+            links = sum(parts[i].link_bytes / n for i, n in zip(members, runs, strict=True))
+            chips = sum(parts[i].chip_bytes / n for i, n in zip(members, runs, strict=True))
+            joint = (np.maximum(links.max(initial=0.0) / link_rate,
+                                chips.max(initial=0.0) / intra)
+                     + max(parts[i].hops for i in members) * hop)
         # Waits are exposed in full (a group exposes at least them); the asynchronous members
         # share the rest in proportion to their time alone.
-        waits = member_s[~np.array(group.asynchronous)].sum()
-        rest = max(0.0, float(group_exposed(group, member_s, joint)) - waits)
-        hiding = member_s[np.array(group.asynchronous)].sum()
-        for i, t, a in zip(group.members, member_s, group.asynchronous, strict=True):
-            exposed[i] = group.runs * (rest * t / hiding if hiding else 0.0) if a \
-                else group.runs * t
-    return groups, alone, exposed, parts
+        waiting = ~np.array(group.asynchronous)
+        rest = np.maximum(0.0, group_exposed(group, member_s, joint, window,
+                                             constants.overlap) - member_s[waiting].sum(axis=0))
+        hiding = member_s[~waiting].sum(axis=0)
+        share = np.divide(member_s, hiding, out=np.zeros_like(member_s), where=hiding > 0)
+        exposed[members] = group.runs * np.where(waiting[:, None], member_s, rest * share)
+    return alone, exposed
 
 
 def predict(program: CommProgram, topology: Topology, placement: Any, *,
@@ -289,6 +376,25 @@ def predict(program: CommProgram, topology: Topology, placement: Any, *,
     _, alone, exposed, _ = _priced(program, topology, placement, chip, compute_model, options)
     comm = sum(t * c.count for t, c in zip(alone, program.collectives, strict=True))
     return Predicted(compute, comm, compute + sum(exposed))
+
+
+def predict_draws(program: CommProgram, topology: Topology, placement: Any,
+                  constants: Constants, *, chip: ChipSpec | None = None,
+                  compute_model: str | None = None, options: ModelOptions | None = None
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """``(compute_s, total_s)``, arrays ``[draws]``: the step :func:`predict` prices, under
+    each draw of ``constants`` (an ensemble, :mod:`aoizora_lab.uncertainty`). The ICI
+    estimate and the overlap groups are :func:`predict`'s (``options``' order and routing;
+    kept on disk), priced again per draw in one pass: a draw costs array arithmetic, not a
+    model run. ``constants`` replace ``chip``'s and ``options``' own."""
+    chip = device_spec(topology, chip)
+    # Which collectives are in flight together does not depend on the compute model: the
+    # default's groups serve every draw (their windows are priced again below).
+    groups, _, _, parts = _priced(program, topology, placement, chip, None, options)
+    _, exposed = _exposure(program, groups, parts, chip, compute_model, constants)
+    compute = _runs(program) @ op_times(program.ops, chip, compute_model, constants)
+    compute = np.broadcast_to(compute, exposed.shape[1:])
+    return compute, compute + exposed.sum(axis=0)
 
 
 def comm_seconds(collectives: Sequence[Any], topology: Topology, placement: Any = None, *,

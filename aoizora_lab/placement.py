@@ -668,7 +668,8 @@ class PlacementScorer:
         total = 0.0
         for group in self.groups:
             member_s = alone[list(group.members)][:, None]
-            total += float(group_exposed(group, member_s, member_s.max(axis=0))[0]) * group.runs
+            total += float(group_exposed(group, member_s, member_s.max(axis=0),
+                                         overlap=self.options.overlap)[0]) * group.runs
         return total
 
     def _terms(self, batch: np.ndarray) -> list[Terms]:
@@ -804,7 +805,8 @@ class PlacementScorer:
         single = alone[self._single_member]
         window = self._single_window[:, None]
         exposed = np.where(self._single_async[:, None],
-                           np.maximum(window, single) - window, single)
+                           np.maximum(np.maximum(window, single) - window,
+                                      (1 - self.options.overlap) * single), single)
         totals = self._single_runs @ exposed
         # Loads summed over phases, once per structure in flight with others.
         over_phases = {k: terms[k][0].sum(axis=1) for k in self._joint_structures}
@@ -813,7 +815,8 @@ class PlacementScorer:
             summed = sum(over_phases[of[i]] * self._bytes[i] for i in group.members)
             joint = summed.max(axis=1, initial=0.0) * per_byte + latency[
                 of[list(group.members)]].max(axis=0)
-            totals += group_exposed(group, member_s, joint) * group.runs
+            totals += group_exposed(group, member_s, joint,
+                                    overlap=self.options.overlap) * group.runs
         return totals
 
     def _link_loads(self, flows: tuple[np.ndarray, np.ndarray, np.ndarray],

@@ -247,16 +247,24 @@ def test_an_async_collective_fusion_is_one_transfer_and_its_middle_fusions_compu
     assert predict(program, TOPOLOGY, None).exposed_s == pytest.approx(0.0, abs=1e-12)
 
 
-def test_the_placement_scorer_prices_what_predict_prices():
+@pytest.mark.parametrize("overlap", [1.0, 0.8])
+def test_the_placement_scorer_prices_what_predict_prices(overlap):
     text = _module("\n".join([_gather_start("ag1", "w", 1), _gather_start("ag2", "v", 2),
                               _matmul("inside", 1e-4), _gather_done("ag1"),
-                              _gather_done("ag2"), _matmul("after", 1e-4, root=True)]))
+                              _gather_done("ag2"), _gather_start("ag3", "w", 3),
+                              _matmul("after", 1e-2), _gather_done("ag3"),
+                              _matmul("last", 1e-4, root=True)]))
     program = parse_hlo(text)
-    scorer = PlacementScorer(program, TOPOLOGY)
+    options = az.ModelOptions(overlap=overlap)
+    scorer = PlacementScorer(program, TOPOLOGY, options=options)
     orders = [np.random.default_rng(seed).permutation(16) for seed in range(6)]
-    expected = [predict(program, TOPOLOGY, order).exposed_s for order in orders]
+    expected = [predict(program, TOPOLOGY, order, options=options).exposed_s
+                for order in orders]
     assert scorer.scores(orders) == pytest.approx(expected, rel=1e-9)
     assert len(set(np.round(expected, 12))) > 1  # the placements really differ
+    if overlap < 1:  # the long window no longer hides all of the third gather
+        assert min(expected) > min(predict(program, TOPOLOGY, order).exposed_s
+                                   for order in orders)
 
 
 @pytest.mark.slow

@@ -35,6 +35,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("baselines",),
     ("jobs",),
     ("planner",),
+    ("uncertainty",),
     # on top of the pipeline
     ("measure", "measure.clock", "measure.timing", "measure.microbench",
      "measure.calibration"),

@@ -1,0 +1,160 @@
+"""How sure an answer is: ensembles of the cost model, priced draw by draw as one model."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+from test_cost import CHIP, GROUPS, TOPOLOGY, _gather_done, _gather_start, _matmul, _module
+
+import aoizora_lab as az
+from aoizora_lab.comm_model import ModelOptions
+from aoizora_lab.cost import Constants, predict
+from aoizora_lab.errors import AoizoraError
+from aoizora_lab.hardware import GENERATIONS, chip_spec
+from aoizora_lab.hlo import parse_hlo
+from aoizora_lab.uncertainty import (
+    CHOICES,
+    SPREADS,
+    Assessment,
+    Ensemble,
+    Option,
+    odds,
+    price,
+    sources,
+)
+
+A2A = (f"  %a2a = bf16[1024,1024]{{1,0}} all-to-all(%a), channel_id=3, "
+       f"replica_groups={GROUPS}, dimensions={{0}}")
+ROOFLINE = ("  %plain = bf16[1024,1024]{1,0} fusion(%a, %a), kind=kOutput, calls=%fused_dot")
+"""A matmul the compiler gave no estimate for: priced by the roofline in every model."""
+
+
+def _program(window=2e-4, waits=0):
+    """Two gathers in flight over a matmul, a synchronous all-to-all inside their window, a
+    roofline matmul, then ``waits`` more synchronous all-to-alls."""
+    lines = [_gather_start("ag1", "w", 1), _gather_start("ag2", "v", 2), A2A,
+             _matmul("inside", window), ROOFLINE, _gather_done("ag1"), _gather_done("ag2")]
+    lines += [A2A.replace("%a2a", f"%wait{i}").replace("channel_id=3", f"channel_id={9 + i}")
+              for i in range(waits)]
+    lines.append(_matmul("after", 1e-5, root=True))
+    return parse_hlo(_module("\n".join(lines)))
+
+
+def _draw(constants, index):
+    return {f.name: float(np.ravel(getattr(constants, f.name))[index]
+                          if np.ndim(getattr(constants, f.name)) else getattr(constants, f.name))
+            for f in dataclasses.fields(Constants)}
+
+
+@pytest.mark.parametrize("order", [None, np.random.default_rng(3).permutation(16)])
+def test_ensemble_pricing_is_single_draw_pricing_draw_by_draw(order):
+    program = _program()
+    assert {op.op_class for op in program.ops} >= {"matmul"}
+    assert any(not op.estimated_cycles for op in program.ops)  # the roofline op is priced
+    ensemble = Ensemble(count=24, seed=5)
+    steps = price(program, TOPOLOGY, order, ensemble)
+    constants = ensemble.constants(TOPOLOGY)
+    _, picks = ensemble.units()
+    assert len(set(map(tuple, picks.tolist()))) == 4  # every combination of choices drawn
+    for index in range(ensemble.count):
+        drawn = _draw(constants, index)
+        chip = CHIP.replace(**{k: v for k, v in drawn.items() if k != "overlap"})
+        chosen = {c.name: c.values[i] for c, i in zip(CHOICES, picks[index], strict=True)}
+        alone = predict(program, TOPOLOGY, order, chip=chip,
+                        compute_model=chosen["compute_model"],
+                        options=ModelOptions(order=chosen["order"], overlap=drawn["overlap"]))
+        assert steps[index] == pytest.approx(alone.total_s, rel=1e-9), (index, drawn, chosen)
+    assert np.ptp(steps) > 0  # the draws really differ
+
+
+def test_the_die_to_die_path_is_drawn_on_tpu7x_and_priced_as_one_model():
+    topology = az.Topology.simulated((2, 2, 1), generation="tpu7x")
+    groups = [list(range(topology.num_devices))]
+    program = az.hlo.CommProgram((az.Collective("all-gather", groups, bytes=64e6),),
+                                 topology.num_devices)
+    ensemble = Ensemble(count=12, seed=1)
+    constants = ensemble.constants(topology)
+    assert np.ptp(constants.intra_chip_bandwidth) > 0
+    steps = price(program, topology, None, ensemble)
+    _, picks = ensemble.units()
+    base = az.hardware.device_spec(topology)
+    for index in range(ensemble.count):
+        drawn = _draw(constants, index)
+        chip = chip_spec("tpu7x").replace(**{k: v for k, v in drawn.items()
+                                             if k != "overlap"})
+        order = CHOICES[1].values[picks[index, 1]]
+        alone = predict(program, topology, None, chip=chip, options=ModelOptions(order=order))
+        assert steps[index] == pytest.approx(alone.total_s, rel=1e-9)
+    assert base.intra_chip_bandwidth == chip_spec("tpu7x").intra_chip_bandwidth
+
+
+def test_a_known_ranking_comes_out_near_certain():
+    fast, slow = _program(), _program(waits=2)  # the same, and two more waits
+    probability, (low, median, high) = odds(price(fast, TOPOLOGY, None),
+                                            price(slow, TOPOLOGY, None))
+    assert probability == 1.0
+    assert 1 < low <= median <= high
+
+
+def test_a_near_tie_comes_out_near_even():
+    # One program is all attention (its time follows the drawn kernel efficiency), the other
+    # one all-gather (its time follows the drawn links): sized so their medians meet.
+    from aoizora_lab.hlo import CommProgram, ComputeOp
+
+    attention = CommProgram((), 16, ops=(ComputeOp(flops=2e13, hbm_bytes=0.0, runs=1,
+                                                   outer_trips=0, op_class="attention"),))
+    ensemble = Ensemble(count=512, seed=2)
+    compute = price(attention, TOPOLOGY, None, ensemble)
+    unit = CommProgram((az.Collective("all-gather", [list(range(16))], bytes=1e8),), 16)
+    link = price(unit, TOPOLOGY, None, ensemble)
+    gather = CommProgram((az.Collective("all-gather", [list(range(16))],
+                                        bytes=1e8 * np.median(compute) / np.median(link)),), 16)
+    probability, (low, _, high) = odds(price(attention, TOPOLOGY, None, ensemble),
+                                       price(gather, TOPOLOGY, None, ensemble))
+    assert 0.4 < probability < 0.6
+    assert low < 1 < high
+
+
+def test_the_robust_choice_is_named_where_it_is_not_the_median_winner():
+    rng = np.random.default_rng(0)
+    wide = 1.0 + 0.3 * rng.standard_normal(256)
+    narrow = np.full(256, 1.05) + 0.01 * rng.standard_normal(256)
+    steady = Assessment([Option("wide", "search", 1.0, wide),
+                         Option("narrow", "search", 1.05, narrow)], plan="wide")
+    assert np.median(wide) < np.median(narrow)
+    assert np.quantile(wide, 0.9) > np.quantile(narrow, 0.9)
+    assert steady.median_winner == "wide" and steady.robust == "narrow" and steady.differs
+    regret = steady.regrets()
+    assert regret["narrow"] == pytest.approx(float((narrow - np.minimum(wide, narrow)).max()))
+    frame = steady.to_frame()
+    assert list(frame["label"]) == ["wide", "narrow"]  # fastest median first
+    assert frame.set_index("label").loc["narrow", "robust"]
+
+
+def test_every_default_lies_in_its_spread_and_every_spread_names_a_source():
+    for spread in SPREADS:
+        assert len(spread.source) > 40, spread.name
+        for generation in spread.generations or GENERATIONS:
+            default = chip_spec(generation, calibrated=False)
+            value = getattr(default, spread.name, getattr(ModelOptions(), spread.name, None))
+            scale = value if spread.relative else 1.0
+            assert spread.low * scale <= value <= spread.high * scale, (spread.name, generation)
+    frame = sources()
+    assert set(frame["name"]) == {s.name for s in SPREADS} | {c.name for c in CHOICES}
+
+
+def test_a_calibrated_constant_is_known_and_not_drawn(_no_user_calibration):
+    az.hardware.save_calibration("v5e", {"attention_efficiency": 0.61},
+                                 _no_user_calibration)
+    constants = Ensemble(count=8).constants(TOPOLOGY)
+    assert float(constants.attention_efficiency) == 0.61
+    assert np.ptp(constants.ici_efficiency) > 0
+
+
+@pytest.mark.parametrize(("kwargs", "words"), [
+    ({"count": 1}, "at least 2"),
+    ({"spreads": (SPREADS[0], SPREADS[0])}, "spread twice"),
+])
+def test_bad_ensembles_are_refused_with_the_fix(kwargs, words):
+    with pytest.raises(AoizoraError, match=words):
+        Ensemble(**kwargs)
