@@ -103,6 +103,18 @@ def _prune_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def _draws(text: str) -> int:
+    """``--draws``: 0 (none) or at least 2."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value != 0 and value < 2:
+        raise argparse.ArgumentTypeError(f"{text!r}: give 0 (no intervals) or a number of "
+                                         "draws of at least 2, e.g. 256")
+    return value
+
+
 def _plan_command(args: argparse.Namespace) -> int:
     import pandas as pd
 
@@ -176,6 +188,16 @@ def _plan_command(args: argparse.Namespace) -> int:
               "orders / its placement; strategy: best system / best survivor in plain "
               "order):")
         print(result.headline.to_frame().to_string(float_format=lambda v: f"{v:.4g}"))
+        if args.draws:
+            from aoizora_lab.uncertainty import Ensemble, assess
+
+            assessment = assess(result, Ensemble(count=args.draws))
+            print(f"\nHow sure (the step under {args.draws} draws of the model's uncertain "
+                  "constants and choices, each with its source: aoizora_lab.uncertainty."
+                  "sources()):")
+            print("\n".join(f"  {line}" for line in assessment.summary(topology)))
+            print(assessment[:args.top].to_frame().drop(columns=["median_winner"])
+                  .to_string(float_format=lambda v: f"{v:.4g}"))
         if args.compare:
             print("\nYour setup, and what to change (speedup = yours / that row):")
             print(result.advice().to_string(float_format=lambda v: f"{v:.4g}"))
@@ -301,6 +323,10 @@ def build_parser() -> argparse.ArgumentParser:
                          "could win) and every system's setup")
     pl.add_argument("--no-systems", action="store_true",
                     help="skip the existing systems' setups (their compiles); no headline")
+    pl.add_argument("--draws", type=_draws, default=256, metavar="N",
+                    help="price the answer under N draws of the model's uncertain constants "
+                         "and choices: intervals, the odds against each system and the "
+                         "robust choice (default 256; 0: none)")
     pl.add_argument("--quiet", action="store_true",
                     help="no progress lines (each stage and compile as it finishes)")
     pl.set_defaults(run=_plan_command)

@@ -439,6 +439,31 @@ class Assessment(Records[Option]):
         return out.reindex(out["effect"].abs().sort_values(ascending=False).index) \
             .reset_index(drop=True)
 
+    def summary(self, topology: Topology, chip: ChipSpec | None = None) -> list[str]:
+        """The assessment in a few lines for people: the plan's interval, its odds against
+        each system, the robust choices and the constants that move the answer most."""
+        plan = self.option(self.plan)
+        lines = [f"plan {plan.label}: median {plan.median_s:.4g} s, 80 % interval "
+                 f"{plan.low_s:.4g} - {plan.high_s:.4g} s (default model {plan.point_s:.4g} s)"]
+        for o in self.odds:
+            verdict = ("faster in every draw" if o.probability == 1 else
+                       "slower in every draw" if o.probability == 0 else
+                       "the interval straddles 1: the model's uncertainty could reverse it"
+                       if o.speedup[0] < 1 < o.speedup[2] else "")
+            lines.append(f"against {o.system}: P(plan faster) = {o.probability:.2f}, speedup "
+                         f"{o.speedup[1]:.3f}x (80 %: {o.speedup[0]:.3f} - {o.speedup[2]:.3f}x)"
+                         + (f"; {verdict}" if verdict else ""))
+        for name, label in (("lowest median", self.median_winner),
+                            ("robust (lowest 90th percentile)", self.robust),
+                            ("least worst-case regret", self.least_regret)):
+            lines.append(f"{name}: {label}")
+        if len(self) > 1:
+            drivers = self.drivers(topology, chip).head(3)
+            lines.append("what moves the speedup most: " + ", ".join(
+                f"{r['name']} ({r['effect']:+.2f})" if r["kind"] == "constant"
+                else f"{r['name']} ({r['detail']})" for _, r in drivers.iterrows()))
+        return lines
+
     def _opponent(self, against: str | None) -> Option:
         if against is not None:
             return self.option(against)

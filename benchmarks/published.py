@@ -14,8 +14,10 @@ times: first the difference ``a - b`` in DiT seconds (the non-DiT time of a pair
 cancels, see :data:`ACCOUNTING`), then the ratio ``a / b``. What is counted is independent
 predictions, not rows: one prediction per distinct pair of rebuilt runs (however many
 published pairs map to it) and per distinct lone collective. A setup the pipeline cannot
-rebuild is a row that says why. The script prints the tables and writes its section of
-``reports/benchmarks.md`` (the other sections are kept).
+rebuild is a row that says why. Each prediction is then priced under the model's own
+uncertainty (:mod:`aoizora_lab.uncertainty`'s ensemble): where each published value falls in
+its 80 % interval, and how many do (calibrated, not asserted). The script prints the tables
+and writes its section of ``reports/benchmarks.md`` (the other sections are kept).
 """
 
 from __future__ import annotations
@@ -32,12 +34,15 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from aoizora_lab import uncertainty
 from aoizora_lab.bench.report import ReportFile, config_line, error_status, markdown_table, met
 from aoizora_lab.cases import parse_case
 from aoizora_lab.comm_model import Collective, mesh_axis_groups
 from aoizora_lab.cost import COMPUTE_MODELS, DEFAULT_COMPUTE_MODEL, Predicted, comm_seconds
 from aoizora_lab.hardware import EFFICIENCY_SOURCES, chip_spec
+from aoizora_lab.hlo import CommProgram
 from aoizora_lab.topology import Topology, parse_slice_name
+from aoizora_lab.uncertainty import DEFAULT_ENSEMBLE, QUANTILES, SPREADS, Ensemble
 
 DIFFERENCE_PERCENT = 35.0
 """The primary target: every pair's predicted ``a - b`` (DiT seconds, where the non-DiT time
@@ -339,6 +344,47 @@ PAIRS: tuple[RunPair, ...] = (
 )
 """MaxDiffusion's published Wan runs on TPU, paired as published."""
 
+BOUNDS = ("low", "high", "default")
+"""Which value of a spread a published figure set: an end of its range, or the default the
+range lies around."""
+
+
+@dataclass(frozen=True)
+class RangeSource:
+    """A published figure that set a range of the ensemble (:data:`uncertainty.SPREADS`
+    cites it): the range was chosen so that the model can reach it, so its prediction checks
+    nothing and is left out of the coverage counted (shown beside it)."""
+
+    measurement: str
+    """The published all-gather's or pair's ``key``."""
+    spread: str
+    """The :class:`~aoizora_lab.uncertainty.Spread`'s name."""
+    bound: str
+    """One of :data:`BOUNDS`."""
+
+    def __post_init__(self) -> None:
+        if self.spread not in {s.name for s in SPREADS} or self.bound not in BOUNDS:
+            raise ValueError(f"RangeSource({self.spread!r}, {self.bound!r}): the spread must be "
+                             f"one of uncertainty.SPREADS, the bound one of {BOUNDS}.")
+
+    def describe(self) -> str:
+        """``ici_efficiency low end 0.83 (from <measurement>)``."""
+        spread = next(s for s in SPREADS if s.name == self.spread)
+        value = {"low": f" end {spread.low:g}", "high": f" end {spread.high:g}",
+                 "default": ", chip_spec's value"}[self.bound]
+        return f"{self.spread} {self.bound}{value} (from {self.measurement})"
+
+
+RANGE_SOURCES: tuple[RangeSource, ...] = (
+    RangeSource(GATHERS[0].key, "ici_efficiency", "low"),
+    RangeSource(GATHERS[1].key, "ici_hop_latency", "high"),
+    RangeSource(GATHERS[2].key, "ici_efficiency", "default"),
+    # The highest attention_efficiency_floor, the README's approximate ~20 s on v6e-8.
+    RangeSource("README Ulysses ~10 % on v6e-8", "attention_efficiency", "high"),
+)
+"""The published figures the ensemble's ranges were taken from (their sources in
+:data:`uncertainty.SPREADS` say so)."""
+
 
 def non_dit_from_step_counts(seconds_a: float, steps_a: int, seconds_b: float,
                              steps_b: int) -> float:
@@ -394,11 +440,22 @@ def rebuild_gather(m: GatherMeasurement, topology: Topology | None = None
     return collective, topology, placement
 
 
-def gather_prediction(m: GatherMeasurement, seconds: float) -> float:
-    """What the model predicts in the measurement's own quantity."""
+def gather_prediction(m: GatherMeasurement, seconds: Any) -> Any:
+    """What the model predicts in the measurement's own quantity (of a time or of an array of
+    times, one per draw)."""
     if m.quantity == "bandwidth fraction":
         return m.total_bytes / (2.0 * seconds) / V5E_NOMINAL_LINK
     return seconds
+
+
+def gather_draws(m: GatherMeasurement, topology: Topology,
+                 ensemble: Ensemble = DEFAULT_ENSEMBLE) -> np.ndarray:
+    """The measurement's quantity under every draw of ``ensemble``: the lone collective as a
+    program without ops (its step is the collective's time) priced by
+    :func:`aoizora_lab.uncertainty.price`, as :func:`gather_rows` prices it once."""
+    collective, topology, placement = rebuild_gather(m, topology)
+    program = CommProgram((collective,), topology.num_devices)
+    return gather_prediction(m, uncertainty.price(program, topology, placement, ensemble))
 
 
 def gather_key(m: GatherMeasurement) -> tuple[Any, ...]:
@@ -459,6 +516,9 @@ class RunPrediction:
     """Its attention kernels' time at efficiency 1 (``measure.compute_terms``)."""
     fixed_s: float = 0.0
     """What of its step no efficiency changes (exposed comm, compiler-estimated ops)."""
+    draws: np.ndarray | None = field(default=None, compare=False, repr=False)
+    """Its step under every draw of an ensemble (:func:`aoizora_lab.uncertainty.price`), or
+    ``None`` where none was asked for."""
 
 
 Predictor = Callable[[Iterable[tuple[str, str]]], Mapping[tuple[str, str], RunPrediction]]
@@ -467,11 +527,14 @@ Predictor = Callable[[Iterable[tuple[str, str]]], Mapping[tuple[str, str], RunPr
 
 def compiling_predictor(*, num_layers: int | None = 2, cache_dir: str | Path | None = None,
                         workers: int = 2, progress: Callable[[str], None] | None = None,
-                        compute_model: str | None = None) -> Predictor:
+                        compute_model: str | None = None,
+                        ensemble: Ensemble | None = DEFAULT_ENSEMBLE) -> Predictor:
     """Build each run's MaxDiffusion setup, compile its candidate deviceless with its recipe's
     flags (cached; ``num_layers`` folded like the planner) and price it with
     :func:`aoizora_lab.cost.predict` on the order ``mesh_utils.create_device_mesh`` gives
-    MaxDiffusion's mesh."""
+    MaxDiffusion's mesh; and under every draw of ``ensemble``
+    (:func:`aoizora_lab.uncertainty.price`: ``compute_model`` is one of its choices, so one
+    compute model's predictor needs them; ``None``: no draws)."""
     from aoizora_lab.baselines import maxdiffusion_setup, setup_keys
     from aoizora_lab.compile import compile_candidates
     from aoizora_lab.cost import predict
@@ -517,11 +580,14 @@ def compiling_predictor(*, num_layers: int | None = 2, cache_dir: str | Path | N
                     continue
                 terms = compute_terms(result.program, topology, setup.placement,
                                       compute_model=compute_model)
+                draws = (None if ensemble is None else uncertainty.price(
+                    result.program, topology, setup.placement, ensemble))
                 out[(spec, recipe)] = RunPrediction(
                     predict(result.program, topology, setup.placement,
                             compute_model=compute_model),
                     setup.placement.description,
-                    attention_s=terms["attention"], fixed_s=terms["fixed_s"], **named)
+                    attention_s=terms["attention"], fixed_s=terms["fixed_s"], draws=draws,
+                    **named)
         return out
 
     return run
@@ -714,6 +780,365 @@ def floor_summary(runs: pd.DataFrame) -> str:
             "what they allow.")
 
 
+# ----------------------------------------------------------------------------- calibration
+
+NOMINAL = QUANTILES[-1] - QUANTILES[0]
+"""The interval's nominal coverage: [p10, p90] holds 80 % of the draws."""
+FAR = 0.05
+"""Coverage is called far from :data:`NOMINAL` when a count at least as extreme has less than
+this probability with calibrated intervals (binomial, one trial per prediction)."""
+DRIVER_MIN = 0.2
+"""The smallest rank correlation named a driver (about 3 standard errors at 256 draws)."""
+TOP_DRIVERS = 2
+"""Drivers named per row."""
+KINDS = {"difference": "differences", "ratio": "ratios", "collective": "lone collectives"}
+"""The checks whose coverage is counted, each over the predictions that have it (differences
+the primary one, ratios the secondary)."""
+CALIBRATION_COLUMNS = ("prediction", "measurement", "kind", "quantity", "published", "point",
+                       "p10", "p50", "p90", "inside_80", "quantile", "inside_diluted",
+                       "independent", "range_from", "drivers", "to_reach", "note")
+
+
+def interval(draws: np.ndarray, published: float) -> dict[str, Any]:
+    """Where ``published`` falls among ``draws``: their 10th, 50th and 90th percentiles,
+    whether it lies in the 80 % interval [p10, p90], and the share of draws below it (its
+    quantile: 0 below every draw, 1 above every draw)."""
+    low, median, high = (float(q) for q in np.quantile(draws, QUANTILES))
+    return {"p10": low, "p50": median, "p90": high, "inside_80": bool(low <= published <= high),
+            "quantile": float(np.mean(draws < published))}
+
+
+def pair_draws(pair: RunPair, a: np.ndarray, b: np.ndarray) -> dict[str, np.ndarray]:
+    """A pair's difference (steps x step, each side) and ratio under every draw, taken draw by
+    draw: one draw prices both runs, so what they share cancels (common random numbers)
+    instead of widening the interval as independent quantiles would."""
+    out = {"difference": pair.a.steps * a - pair.b.steps * b} if pair.difference else {}
+    return out | {"ratio": a / b}
+
+
+@dataclass(frozen=True)
+class Driver:
+    """A drawn constant or choice and how it moves a quantity over the draws."""
+
+    name: str
+    effect: float
+    """Rank correlation with the quantity (a choice's: of the index of its alternative)."""
+    alternatives: tuple[str, ...] = ()
+    """A choice's alternatives, in the order its index counts (empty for a constant)."""
+
+    def __str__(self) -> str:
+        label = (f"{self.name} ({' -> '.join(self.alternatives)})" if self.alternatives
+                 else self.name)
+        return f"{label} {self.effect:+.2f}"
+
+    def toward(self, higher: bool) -> str:
+        """Which way it would move the quantity higher (``higher``) or lower: ``name
+        direction`` (``higher``, ``lower`` or ``toward <alternative>``)."""
+        up = (self.effect > 0) == higher
+        if self.alternatives:
+            return f"{self.name} toward {self.alternatives[-1 if up else 0]}"
+        return f"{self.name} {'higher' if up else 'lower'}"
+
+
+def drivers(draws: np.ndarray, frame: pd.DataFrame, ensemble: Ensemble) -> list[Driver]:
+    """What moves ``draws`` most: each drawn constant's rank correlation with them (a
+    choice's by the index of its alternative), the :data:`TOP_DRIVERS` largest of at least
+    :data:`DRIVER_MIN`; ``frame`` is :meth:`Ensemble.draws_frame` on the row's slice."""
+    if len(draws) != len(frame):
+        raise ValueError(f"{len(draws)} draws against an ensemble of {len(frame)}: price every "
+                         "run with the ensemble the check is given.")
+    columns = {s.name: frame[s.name] for s in ensemble.spreads}
+    columns |= {c.name: frame[c.name].map(c.values.index) for c in ensemble.choices}
+    ranks = pd.DataFrame(columns).rank()
+    ranks = ranks.loc[:, ranks.nunique() > 1]  # a constant not drawn here moves nothing
+    effects = ranks.corrwith(pd.Series(draws).rank()).dropna()
+    alternatives = {c.name: c.values for c in ensemble.choices}
+    found = [Driver(name, float(r), alternatives.get(name, ())) for name, r in effects.items()
+             if abs(r) >= DRIVER_MIN]
+    return sorted(found, key=lambda d: -abs(d.effect))[:TOP_DRIVERS]
+
+
+def calibration_row(base: dict[str, Any], published: float, point: float, draws: np.ndarray,
+                    frame: pd.DataFrame, ensemble: Ensemble) -> dict[str, Any]:
+    """One published value against its draws; ``base`` names it (prediction, measurement,
+    kind, quantity, independence, note). ``to_reach``, for a value outside its interval: how
+    the drivers would have to move for the draws to reach it."""
+    found = interval(draws, published)
+    moved = drivers(draws, frame, ensemble)
+    reach = "" if found["inside_80"] else ", ".join(d.toward(published > found["p90"])
+                                                    for d in moved)
+    return base | {"published": published, "point": point, **found,
+                   "drivers": ", ".join(map(str, moved)), "to_reach": reach}
+
+
+def range_from(measurements: Iterable[str], sources: Sequence[RangeSource]) -> str:
+    """The ranges a prediction's own published figures set ('' where none: independent)."""
+    wanted = set(measurements)
+    return "; ".join(s.describe() for s in sources if s.measurement in wanted)
+
+
+def _measured(rows: Iterable[Mapping[str, Any]]) -> dict[str, list[str]]:
+    """Per prediction id: the published measurements mapped to it."""
+    out: dict[str, list[str]] = {}
+    for row in rows:
+        if row["prediction"]:
+            out.setdefault(row["prediction"], []).append(row["measurement"])
+    return out
+
+
+def diluted(pair: RunPair) -> bool:
+    """Whether the pair's published ratio is diluted by non-DiT time toward 1: a whole
+    generation on one slice (:data:`ACCOUNTING`; a scaling pair keeps N on both sides and has
+    no such bound)."""
+    return pair.difference and pair.timed == WHOLE_GENERATION
+
+
+def inside_diluted(published: float, found: Mapping[str, float]) -> bool:
+    """Whether a diluted published ratio lies between 1 and the far end of its interval: as a
+    whole-run ratio T_a / T_b in [1, D_a / D_b] may, for a DiT ratio in the interval."""
+    far = found["p90"] if found["p50"] >= 1 else found["p10"]
+    return bool(min(1.0, far) <= published <= max(1.0, far))
+
+
+DILUTED_NOTE = "whole-run ratio: diluted toward 1 by the non-DiT time (`inside_diluted`)"
+
+
+def pair_calibration(pairs: Sequence[RunPair], rows: Sequence[dict[str, Any]],
+                     predictions: Mapping[tuple[str, str], RunPrediction], ensemble: Ensemble,
+                     topology_of: Callable[[str], Topology], sources: Sequence[RangeSource]
+                     ) -> list[dict[str, Any]]:
+    """Per modelled published pair whose runs have draws: its difference (where it has one)
+    and its ratio against their intervals (:func:`pair_draws`)."""
+    measured, out = _measured(rows), []
+    for pair, row in zip(pairs, rows, strict=True):
+        if row["status"] != "ok":
+            continue
+        a, b = predictions[pair.a.key].draws, predictions[pair.b.key].draws
+        if a is None or b is None:
+            continue
+        frame = ensemble.draws_frame(topology_of(pair.a.case.rpartition("/")[2]))
+        setby = range_from(measured[row["prediction"]], sources)
+        for kind, draws in pair_draws(pair, a, b).items():
+            published, point = ((row["published_diff_s"], row["predicted_diff_s"])
+                                if kind == "difference" else
+                                (row["published_ratio"], row["predicted_ratio"]))
+            dilutes = kind == "ratio" and diluted(pair)
+            base = {"prediction": row["prediction"], "measurement": pair.key, "kind": kind,
+                    "quantity": "a - b (s)" if kind == "difference" else "a / b",
+                    "independent": not setby, "range_from": setby,
+                    "note": DILUTED_NOTE if dilutes else ""}
+            found = calibration_row(base, published, point, draws, frame, ensemble)
+            out.append(found | {"inside_diluted": inside_diluted(published, found)
+                                if dilutes else None})
+    return out
+
+
+def gather_calibration(gathers: Sequence[GatherMeasurement], rows: Sequence[dict[str, Any]],
+                       ensemble: Ensemble, topology_of: Callable[[str], Topology],
+                       sources: Sequence[RangeSource]) -> list[dict[str, Any]]:
+    """Per measured all-gather (``rows``: :func:`gather_rows`' for them): its quantity against
+    its interval (:func:`gather_draws`)."""
+    measured, out = _measured(rows), []
+    for m, row in zip(gathers, rows, strict=True):
+        topology = topology_of(m.slice_name)
+        setby = range_from(measured[row["prediction"]], sources)
+        base = {"prediction": row["prediction"], "measurement": m.key, "kind": "collective",
+                "quantity": m.quantity, "inside_diluted": None, "independent": not setby,
+                "range_from": setby, "note": m.note}
+        out.append(calibration_row(base, m.published, row["predicted"],
+                                   gather_draws(m, topology, ensemble),
+                                   ensemble.draws_frame(topology), ensemble))
+    return out
+
+
+def _binomial(counts: Iterable[int], n: int) -> float:
+    """The probability that a count of ``n`` predictions inside lies in ``counts``, were each
+    inside with probability :data:`NOMINAL`."""
+    return sum(math.comb(n, k) * NOMINAL ** k * (1 - NOMINAL) ** (n - k) for k in counts)
+
+
+def coverage_verdict(inside: int, n: int, width: float) -> str:
+    """Whether ``inside`` of ``n`` is far from :data:`NOMINAL` (a count at least as extreme
+    has under :data:`FAR` probability), in words; ``width``: the intervals' median width over
+    the published values, which says whether all inside means much."""
+    if n == 0:
+        return "no independent prediction to count"
+    low, high = _binomial(range(inside + 1), n), _binomial(range(inside, n + 1), n)
+    nominal = f"{100 * NOMINAL:g} %"
+    if low < FAR:
+        return (f"far too few inside (at most {inside} of {n} has probability {low:.2g} at "
+                f"{nominal}): the intervals are too narrow")
+    if high < FAR:
+        return (f"far too many inside (at least {inside} of {n} has probability {high:.2g} at "
+                f"{nominal}): the intervals are too wide")
+    text = (f"not far from {nominal} (at most {inside} of {n} has probability {low:.2g}; few "
+            "predictions make a weak test)")
+    if inside == n and width > 1:
+        return text + (f", but the intervals are wider than the values they hold (median "
+                       f"{width:.2g}x): too wide to check much")
+    return text
+
+
+@dataclass(frozen=True, eq=False)
+class Calibration:
+    """The published values against the ensemble's 80 % intervals: calibrated, not asserted."""
+
+    table: pd.DataFrame
+    """One row per published value and quantity compared (:data:`CALIBRATION_COLUMNS`)."""
+    ensemble: Ensemble
+    """The draws behind the intervals."""
+
+    def coverage(self) -> pd.DataFrame:
+        """Per check (:data:`KINDS`): how many predictions lie inside their 80 % interval (a
+        prediction is inside only if all its published values are), over the independent
+        ones (counted) and over all, and whether that is far from :data:`NOMINAL`."""
+        rows = []
+        for kind, check in KINDS.items():
+            mine = self.table[self.table["kind"] == kind]
+            mine = mine.assign(held=mine["inside_80"].astype(bool)
+                               | mine["inside_diluted"].eq(True))
+            per = mine.groupby("prediction", sort=False)[
+                ["inside_80", "held", "independent"]].all()
+            free = per.loc[per["independent"].astype(bool), "inside_80"].astype(bool)
+            own = mine[mine["independent"].astype(bool)]
+            # A ratio's size is its distance from 1.
+            size = (own["published"] - (1.0 if kind == "ratio" else 0.0)).abs()
+            width = float(((own["p90"] - own["p10"]) / size).median())
+            rows.append({"check": check, "inside": int(free.sum()),
+                         "independent predictions": len(free),
+                         "inside, all predictions": int(per["inside_80"].astype(bool).sum()),
+                         "all predictions": len(per),
+                         "outside (independent)": ", ".join(free.index[~free]),
+                         "inside or diluted (independent)": int(
+                             per.loc[per["independent"].astype(bool), "held"].sum()),
+                         "median width / size": width,
+                         "verdict": coverage_verdict(int(free.sum()), len(free), width)})
+        return pd.DataFrame(rows)
+
+    def headline(self) -> str:
+        """The coverage line: inside over independent predictions per check, all beside it."""
+        rows = self.coverage().to_dict("records")
+        counted = ", ".join(f"{r['inside']} of {r['independent predictions']} ({r['check']})"
+                            for r in rows)
+        every = ", ".join(f"{r['inside, all predictions']} of {r['all predictions']}"
+                          for r in rows)
+        ratios = next(r for r in rows if r["check"] == KINDS["ratio"])
+        return (f"Published values inside their 80 % interval: {counted} independent "
+                f"predictions; over all predictions {every}; nominal {100 * NOMINAL:g} %. "
+                f"Ratios with dilution allowed (inside, or between 1 and the interval: a "
+                f"looser test than 80 %, not counted): "
+                f"{ratios['inside or diluted (independent)']} of "
+                f"{ratios['independent predictions']}.")
+
+    def outside(self) -> str:
+        """The independent rows outside their interval, and which ranges would have to move
+        to reach them (each needs a source to change; none was tuned)."""
+        out = self.table[~self.table["inside_80"].astype(bool)
+                         & self.table["independent"].astype(bool)]
+        if out.empty:
+            return "Every independent published value lies inside its interval."
+        listed = "; ".join(
+            f"{r.prediction} {r.kind} ({r.measurement}): published {r.published:.4g} "
+            f"{'above' if r.published > r.p90 else 'below'} [{r.p10:.4g}, {r.p90:.4g}]"
+            f"{', between 1 and it as dilution allows' if r.inside_diluted else ''}, to "
+            f"reach it: {r.to_reach or 'no drawn constant moves it much'}"
+            for r in out.itertuples())
+        # A ratio between 1 and its interval may be dilution's doing: it pulls on no range.
+        pulling = out.loc[out["inside_diluted"].ne(True), "to_reach"]
+        return (f"Outside their interval ({len(out)} independent rows): {listed}. "
+                + pulls(pulling) + " A range moves only with a source for its new end "
+                "(a published figure or profile); none was tuned to bring the coverage to "
+                f"{100 * NOMINAL:g} %.")
+
+    def markdown(self) -> str:
+        """The calibration part of the section: what the intervals are, the coverage, the
+        rows and the ensemble's sources."""
+        coverage = self.coverage()
+        verdicts = " ".join(f"{r['check'].capitalize()}: {r['verdict']}."
+                            for r in coverage.to_dict("records"))
+        return "\n\n".join([
+            self.intro(), self.headline() + " " + verdicts, markdown_table(coverage),
+            self.outside(), markdown_table(self.table),
+            "The ensemble's spreads and choices with their sources (`uncertainty.sources()`):",
+            markdown_table(uncertainty.sources())])
+
+    def intro(self) -> str:
+        """What the interval is, what coverage means and which rows are not independent."""
+        e = self.ensemble
+        named = " (`uncertainty.DEFAULT_ENSEMBLE`)" if e == DEFAULT_ENSEMBLE else ""
+        spreads = ", ".join(_spread_text(s) for s in e.spreads)
+        choices = ", ".join(f"{c.name} ({' / '.join(c.values)})" for c in e.choices)
+        dependent = self.table.loc[~self.table["independent"].astype(bool)]
+        setby = "; ".join(f"{p}: {r}" for p, r in dict(zip(
+            dependent["prediction"], dependent["range_from"], strict=True)).items())
+        return (
+            "**Calibrated, not asserted.** Every prediction above priced again under the "
+            f"model's own uncertainty{named}: {e.count} draws (seed "
+            f"{e.seed}) of every spread ({spreads}) and every choice ({choices}), drawn "
+            "together; both runs of a pair under the same draws, so `a - b` (steps x step, each "
+            "side) and `a / b` are taken draw by draw and what the runs share cancels. `point`: "
+            "the default model's prediction (the tables above); `p10`, `p50`, `p90`: the "
+            "draws' percentiles; `inside_80`: the published value lies in [p10, p90], the 80 % "
+            "interval; `quantile`: the share of draws below it (1: above every draw). Were the "
+            "intervals calibrated, about 80 % of the independent predictions would lie inside "
+            "theirs; a prediction counts as inside only if every published value mapped to it "
+            "is (`median width / size`: the intervals' median width over the published "
+            "value's size, a ratio's distance from 1, which says whether all inside would mean "
+            "much). `drivers`: the drawn constants and choices that move the row's draws most "
+            "(rank correlation; a choice's by the index of its alternatives, in the order "
+            "shown); `to_reach`, for a value outside: which way they would have to move. Not "
+            f"independent (`independent` = no, `range_from`): {setby or 'none'}. A range taken "
+            "from a published figure was chosen so that the model can reach it (at a corner of "
+            "the draws, not necessarily inside the 80 %), so those rows check nothing: the "
+            "counted coverage leaves them out and the count over all predictions stands beside "
+            "it. Ratios are the secondary check: a whole-generation ratio is diluted by the "
+            "non-DiT time, so a published ratio in [1, DiT ratio] is expected and one outside "
+            "its interval toward 1 is no miss by itself (`note`).")
+
+
+def pulls(to_reach: Iterable[str]) -> str:
+    """Which drawn constants and choices the rows outside would pull on, and which way
+    (``to_reach`` cells: ``name direction`` items): pulled one way, a range would shift;
+    pulled both ways, no shift brings every row in."""
+    ways: dict[str, dict[str, int]] = {}
+    for cell in to_reach:
+        for item in filter(None, cell.split(", ")):
+            name, _, way = item.partition(" ")
+            ways.setdefault(name, {}).setdefault(way, 0)
+            ways[name][way] += 1
+    if not ways:
+        return "No drawn constant moves the rows outside much."
+    named = "; ".join(f"{name} ({', '.join(f'{n} {w}' for w, n in counts.items())})"
+                      for name, counts in sorted(ways.items(), key=lambda i: -sum(
+                          i[1].values())))
+    both = [name for name, counts in ways.items() if len(counts) > 1]
+    text = f"The ranges and choices they pull on (rows): {named}."
+    if both:
+        text += (f" Pulled both ways ({', '.join(both)}), no shift of a range brings every row "
+                 "in: the ranges would have to widen, or the model lacks a term no range holds "
+                 "(the kernels, see the differences from the published setups above).")
+    return text
+
+
+def _spread_text(spread: uncertainty.Spread) -> str:
+    """``name low..high`` (``x low..high`` of the default where relative)."""
+    scale = "x" if spread.relative else ""
+    only = f" on {', '.join(spread.generations)}" if spread.generations else ""
+    return f"{spread.name} {scale}{spread.low:.3g}..{scale}{spread.high:.3g}{only}"
+
+
+def calibration(pairs: Sequence[RunPair], rows: Sequence[dict[str, Any]],
+                predictions: Mapping[tuple[str, str], RunPrediction],
+                gathers: Sequence[GatherMeasurement], gather_table: Sequence[dict[str, Any]],
+                *, ensemble: Ensemble, topology_of: Callable[[str], Topology],
+                sources: Sequence[RangeSource]) -> Calibration:
+    """Every modelled pair (its runs' draws) and measured all-gather against its interval
+    under ``ensemble``; ``rows`` and ``gather_table`` carry the prediction ids and points."""
+    table = [*pair_calibration(pairs, rows, predictions, ensemble, topology_of, sources),
+             *gather_calibration(gathers, gather_table, ensemble, topology_of, sources)]
+    return Calibration(pd.DataFrame(table, columns=list(CALIBRATION_COLUMNS)), ensemble)
+
+
 def fitted_text(generations: Iterable[str]) -> str:
     """What the absolute scale rests on (each chip constant's published source) and what was
     not fitted (the differences and ratios compared), from ``chip_spec`` as it stands."""
@@ -762,6 +1187,8 @@ class PublishedCheck:
     config: dict[str, Any] = field(default_factory=dict)
     models: pd.DataFrame | None = None
     """The pairs' agreement under each compute model (:func:`compare_models`)."""
+    calibration: Calibration | None = None
+    """The published values against the ensemble's intervals (``None``: no ensemble)."""
 
     def markdown(self) -> str:
         """This script's section of the benchmark report."""
@@ -821,6 +1248,7 @@ class PublishedCheck:
                "each, mean and largest absolute error of the difference and the ratio, and "
                "the targets. " + _models_verdict(self.models),
                markdown_table(self.models)] if self.models is not None else []),
+            *([self.calibration.markdown()] if self.calibration is not None else []),
         ])
 
 
@@ -840,11 +1268,15 @@ GATHER_COLUMNS = ("prediction", "measurement", "quantity", "published", "predict
 def published_check(predictor: Predictor, *, gathers: Iterable[GatherMeasurement] = GATHERS,
                     pairs: Iterable[RunPair] = PAIRS,
                     topology_of: Callable[[str], Topology] = Topology.from_name,
-                    config: dict[str, Any] | None = None) -> PublishedCheck:
+                    config: dict[str, Any] | None = None,
+                    ensemble: Ensemble | None = DEFAULT_ENSEMBLE,
+                    range_sources: Sequence[RangeSource] = RANGE_SOURCES) -> PublishedCheck:
     """Compare every published figure with its prediction: the all-gathers directly, the
     runs through ``predictor`` (e.g. :func:`compiling_predictor`) as differences and ratios
-    of pairs, counted per independent prediction."""
-    pairs = list(pairs)
+    of pairs, counted per independent prediction; with ``ensemble`` (the predictor's own),
+    each also against its interval under it (:func:`calibration`; ``range_sources``: the
+    published figures its ranges were taken from)."""
+    pairs, gathers = list(pairs), list(gathers)
     wanted = [run.key for p in pairs if not p.not_modelled and p.a.key != p.b.key
               for run in (p.a, p.b)]
     predictions = predictor(list(dict.fromkeys(wanted)))
@@ -855,12 +1287,15 @@ def published_check(predictor: Predictor, *, gathers: Iterable[GatherMeasurement
                 if not pair.not_modelled and pair.a.key != pair.b.key
                 for run in (pair.a, pair.b)]
     comparisons = pd.DataFrame(rows, columns=list(COMPARISON_COLUMNS))
-    gather_table = pd.DataFrame(gather_rows(gathers, topology_of),
-                                columns=list(GATHER_COLUMNS))
+    lone = gather_rows(gathers, topology_of)
+    gather_table = pd.DataFrame(lone, columns=list(GATHER_COLUMNS))
     runs = pd.DataFrame(run_rows).reindex(columns=list(RUN_COLUMNS))
+    calibrated = None if ensemble is None else calibration(
+        pairs, rows, predictions, gathers, lone, ensemble=ensemble, topology_of=topology_of,
+        sources=range_sources)
     return PublishedCheck(comparisons, gather_table, independent, runs,
                           published_targets(independent, comparisons, gather_table),
-                          config or {})
+                          config or {}, calibration=calibrated)
 
 
 def _models_verdict(models: pd.DataFrame) -> str:
@@ -909,12 +1344,20 @@ def main() -> None:
     parser.add_argument("--out", default="reports/benchmarks.md",
                         help="report whose published-measurements section is rewritten")
     args = parser.parse_args()
-    checks = {model: published_check(
-        compiling_predictor(num_layers=args.num_layers, cache_dir=args.cache_dir,
-                            workers=args.workers, progress=print, compute_model=model),
-        config={"num_layers": args.num_layers, "compute model": model})
-        for model in dict.fromkeys([args.compute_model, *COMPUTE_MODELS])}
+
+    def check(model: str) -> PublishedCheck:
+        # The draws hold every compute model (one of the ensemble's choices): priced once.
+        ensemble = DEFAULT_ENSEMBLE if model == args.compute_model else None
+        return published_check(
+            compiling_predictor(num_layers=args.num_layers, cache_dir=args.cache_dir,
+                                workers=args.workers, progress=print, compute_model=model,
+                                ensemble=ensemble),
+            config={"num_layers": args.num_layers, "compute model": model}, ensemble=ensemble)
+
+    checks = {model: check(model)
+              for model in dict.fromkeys([args.compute_model, *COMPUTE_MODELS])}
     result = dataclasses.replace(checks[args.compute_model], models=compare_models(checks))
+    calibrated = result.calibration
     with pd.option_context("display.width", 250, "display.max_columns", 40,
                            "display.max_colwidth", 70):
         print(result.gathers.drop(columns=["source", "why"]).to_string(
@@ -931,6 +1374,12 @@ def main() -> None:
         print(result.targets.to_string(index=False))
         print("\nCompute models:")
         print(result.models.to_string(index=False, float_format=lambda v: f"{v:.3g}"))
+        print("\nCalibration (80 % intervals under the ensemble):")
+        print(calibrated.table.drop(columns=["range_from", "note"]).to_string(
+            index=False, float_format=lambda v: f"{v:.4g}"))
+        print(calibrated.coverage().to_string(index=False, float_format=lambda v: f"{v:.3g}"))
+        print("\n" + calibrated.headline() + "\n" + calibrated.outside())
+        print(uncertainty.sources().drop(columns=["source"]).to_string(index=False))
     if args.compute_model == DEFAULT_COMPUTE_MODEL:
         report = ReportFile(args.out, keep=True, command="python benchmarks/published.py")
         report.add(result.markdown())

@@ -140,6 +140,41 @@ def test_the_plan_is_never_predicted_slower_than_a_baseline(planned):
 
 
 @pytest.mark.slow  # the planned fixture compiles in child processes
+def test_the_plan_is_assessed_under_an_ensemble_and_printed_with_its_odds(planned, capsys,
+                                                                         monkeypatch):
+    from aoizora_lab import cli, planner
+    from aoizora_lab.uncertainty import Ensemble, assess, price
+
+    ensemble = Ensemble(count=64, seed=3)
+    assessment = assess(planned, ensemble)
+    plan_label = f"{planned.searched.candidate.name} ({planned.searched.flags.label})"
+    assert assessment.plan == plan_label
+    mine = assessment.option(plan_label)
+    # The plan's draws are its program on its placement under the ensemble.
+    assert mine.steps == pytest.approx(price(planned.searched.program, planned.searched.topology,
+                                             planned.searched.placement, ensemble))
+    assert mine.point_s == pytest.approx(planned.searched.predicted.total_s)
+    assert {o.system for o in assessment.odds} == set(planned.baselines.plans)
+    for odds in assessment.odds:
+        system = next(o for o in assessment if o.role == odds.system)
+        assert odds.probability == pytest.approx(np.mean(mine.steps < system.steps)
+                                                 + 0.5 * np.mean(mine.steps == system.steps))
+        assert odds.point == pytest.approx(planned.headline.systems[odds.system]
+                                           / planned.headline.own_s)
+        assert odds.speedup[0] <= odds.speedup[1] <= odds.speedup[2]
+    frame = assessment.to_frame()
+    assert (frame["low_s"] <= frame["median_s"]).all() and (
+        frame["median_s"] <= frame["high_s"]).all()
+    assert frame["robust"].sum() == 1 and frame["least_regret"].sum() == 1
+    monkeypatch.setattr(planner, "plan", lambda *args, **kwargs: planned)
+    assert cli.main(["plan", "wan2.1-t2v-1.3b@832x480x81/v5e:2x4", "--quiet",
+                     "--draws", "32"]) == 0
+    out = capsys.readouterr().out
+    assert "How sure (the step under 32 draws" in out
+    assert all(f"against {name}: P(plan faster) = " in out for name in planned.baselines.plans)
+
+
+@pytest.mark.slow  # the planned fixture compiles in child processes
 def test_a_search_whose_own_candidates_lose_says_so_and_recommends_the_system(planned,
                                                                             monkeypatch):
     import dataclasses

@@ -14,7 +14,7 @@ import pytest
 import aoizora_lab as az
 from aoizora_lab.baselines import maxdiffusion_setup, setup_keys
 from aoizora_lab.cases import parse_case
-from aoizora_lab.cost import Predicted
+from aoizora_lab.cost import Predicted, comm_seconds
 from aoizora_lab.hardware import chip_spec
 
 # Imported by name (dataclasses need the module in sys.modules).
@@ -348,3 +348,174 @@ def test_every_published_pair_keeps_its_source_and_the_section_says_what_was_fit
     assert published.SECTION in text and "What was fitted and what was not" in text
     assert published.floor_summary(result.runs) in text
     assert all(url in text for url in sources)
+
+
+# ----------------------------------------------------------------------------- calibration
+
+SMALL = az.uncertainty.Ensemble(count=64)
+
+
+def _drawing_predictor(draws_of):
+    """Runs priced by their median step, with the given draws (one array per recipe)."""
+    def run(runs):
+        return {(case, recipe): published.RunPrediction(
+            Predicted(float(np.median(draws_of[recipe])), 0.0,
+                      float(np.median(draws_of[recipe]))), "order", draws=draws_of[recipe])
+            for case, recipe in runs}
+    return run
+
+
+def _correlated_draws(count=SMALL.count):
+    """Steps that share a wide common part (flash = Ulysses + 0.5 s; ring = flash - 0.125 s)
+    and differ by little noise: a - b is narrow draw by draw, wide across independent
+    quantiles."""
+    rng = np.random.default_rng(1)
+    base = rng.uniform(2.0, 4.0, count)
+    flash = base + 0.5 + rng.normal(0.0, 0.05, count)
+    return {FLASH: flash, ULYSSES: base + rng.normal(0.0, 0.05, count),
+            RING: flash - 0.125 + rng.normal(0.0, 0.01, count)}
+
+
+def _calibrated(draws_of, pairs=None, **kwargs):
+    return published.published_check(_drawing_predictor(draws_of), gathers=[],
+                                      pairs=_pairs() if pairs is None else pairs,
+                                      topology_of=simulated, ensemble=SMALL, **kwargs)
+
+
+def test_the_interval_and_the_quantile_are_read_from_the_draws():
+    draws = np.arange(1.0, 101.0)
+    above = published.interval(draws, 1000.0)
+    assert above["quantile"] == 1.0 and not above["inside_80"]
+    assert (above["p10"], above["p50"], above["p90"]) == pytest.approx(
+        tuple(np.quantile(draws, [0.1, 0.5, 0.9])))
+    assert published.interval(draws, 0.5)["quantile"] == 0.0
+    middle = published.interval(draws, 30.5)
+    assert middle["quantile"] == pytest.approx(0.3) and middle["inside_80"]
+    assert not published.interval(draws, 5.0)["inside_80"]  # below p10 = 10.9
+    # Through the check: a published difference above every draw of a - b.
+    draws_of = _correlated_draws()
+    pair = published.RunPair("far", "src", "", _run("flash", FLASH, 400.0),
+                             _run("ulysses", ULYSSES, 280.0))
+    table = _calibrated(draws_of, [pair]).calibration.table.set_index("kind")
+    row = table.loc["difference"]
+    assert row["published"] == 120.0 > (40 * (draws_of[FLASH] - draws_of[ULYSSES])).max()
+    assert row["quantile"] == 1.0 and not row["inside_80"]
+    assert row["point"] == pytest.approx(40 * (np.median(draws_of[FLASH])
+                                               - np.median(draws_of[ULYSSES])))
+
+
+def test_drivers_name_what_moves_the_draws_and_which_way_would_reach_a_value():
+    frame = SMALL.draws_frame(simulated("v6e:2x4"))
+    roofline = (frame["compute_model"] == "roofline").to_numpy()
+    draws = -3.0 * frame["attention_efficiency"].to_numpy() + 0.01 * roofline
+    found = published.drivers(draws, frame, SMALL)
+    assert found[0].name == "attention_efficiency"
+    assert found[0].effect == pytest.approx(-1.0, abs=0.05)
+    assert found[0].toward(higher=True) == "attention_efficiency lower"
+    choice = published.Driver("compute_model", 0.5, ("compiler", "roofline"))
+    assert choice.toward(higher=True) == "compute_model toward roofline"
+    assert choice.toward(higher=False) == "compute_model toward compiler"
+    assert str(choice) == "compute_model (compiler -> roofline) +0.50"
+    with pytest.raises(ValueError, match="draws"):
+        published.drivers(draws[:10], frame, SMALL)
+
+
+def test_a_pairs_interval_is_taken_draw_by_draw():
+    draws_of = _correlated_draws()
+    pair = _pairs()[0]  # flash 300 s - Ulysses 280 s over 40 steps each
+    table = _calibrated(draws_of, [pair]).calibration.table.set_index("kind")
+    a, b = draws_of[FLASH], draws_of[ULYSSES]
+    paired = np.quantile(40 * (a - b), [0.1, 0.5, 0.9])
+    row = table.loc["difference"]
+    assert (row["p10"], row["p50"], row["p90"]) == pytest.approx(tuple(paired))
+    assert row["inside_80"] and row["published"] == 20.0
+    # Subtracting each run's own quantiles (as if drawn apart) spans the shared part too.
+    apart = 40 * (np.quantile(a, 0.9) - np.quantile(b, 0.1)) - 40 * (
+        np.quantile(a, 0.1) - np.quantile(b, 0.9))
+    assert row["p90"] - row["p10"] < 0.1 * apart
+    ratio = table.loc["ratio"]
+    assert (ratio["p10"], ratio["p90"]) == pytest.approx(tuple(np.quantile(a / b, [0.1, 0.9])))
+    # A whole-generation ratio is diluted toward 1: between 1 and the interval is allowed.
+    assert ratio["inside_diluted"] == (1.0 <= ratio["published"] <= ratio["p90"])
+    assert "diluted" in ratio["note"]
+
+
+def test_coverage_counts_a_prediction_only_if_all_its_pairs_are_inside_and_only_independent():
+    # x (flash - Ulysses = 20 s) inside, y (Ulysses - flash = -60 s) outside: one prediction,
+    # not covered; z (ring - flash = -5 s) inside.
+    result = _calibrated(_correlated_draws(), range_sources=())
+    table = result.calibration.table
+    differences = table[table["kind"] == "difference"].set_index("measurement")
+    assert differences.at["x", "inside_80"] and not differences.at["y", "inside_80"]
+    assert differences.at["z", "inside_80"]
+    assert differences.at["x", "prediction"] == differences.at["y", "prediction"]
+    coverage = result.calibration.coverage().set_index("check")
+    assert coverage.at["differences", "inside"] == 1
+    assert coverage.at["differences", "independent predictions"] == 2
+    assert coverage.at["differences", "outside (independent)"] == differences.at["x",
+                                                                                "prediction"]
+    # Ratios may also hold between 1 and their interval (diluted), beside the 80 % count.
+    ratios = table[table["kind"] == "ratio"]
+    held = (ratios["inside_80"] | ratios["inside_diluted"].eq(True)).groupby(
+        ratios["prediction"]).all()
+    assert coverage.at["ratios", "inside or diluted (independent)"] == held.sum()
+    assert coverage.at["ratios", "inside"] == ratios.groupby("prediction")["inside_80"].all().sum()
+    # The range z's figure set: z's prediction checks nothing and leaves the counted coverage,
+    # the count over all predictions keeps it.
+    sources = [published.RangeSource("z", "attention_efficiency", "high")]
+    dependent = _calibrated(_correlated_draws(), range_sources=sources).calibration
+    rows = dependent.table.set_index("measurement")
+    assert not rows.loc["z", "independent"].any() and rows.loc["x", "independent"].all()
+    assert "attention_efficiency high end 0.72 (from z)" in rows.loc["z", "range_from"].iloc[0]
+    coverage = dependent.coverage().set_index("check")
+    assert (coverage.at["differences", "inside"],
+            coverage.at["differences", "independent predictions"]) == (0, 1)
+    assert (coverage.at["differences", "inside, all predictions"],
+            coverage.at["differences", "all predictions"]) == (1, 2)
+    assert "0 of 1 (differences)" in dependent.headline()
+    assert "far too" not in coverage.at["differences", "verdict"]  # 0 of 1 is no evidence
+
+
+@pytest.mark.parametrize(("inside", "n", "far"), [(0, 4, "too narrow"), (4, 5, None),
+                                                  (5, 5, None), (0, 1, None), (40, 40, "too wide")])
+def test_coverage_is_called_far_from_80_percent_only_on_evidence(inside, n, far):
+    verdict = published.coverage_verdict(inside, n, 0.5)
+    assert (far in verdict) if far else "far too" not in verdict
+    assert "too wide to check much" in published.coverage_verdict(5, 5, 3.0)
+
+
+def test_the_gathers_ensemble_is_comm_seconds_at_the_default_constants():
+    collapsed = az.uncertainty.Ensemble(count=4, spreads=(), choices=())
+    for m in published.GATHERS:
+        collective, topo, placement = published.rebuild_gather(m, simulated(m.slice_name))
+        expected = published.gather_prediction(m, comm_seconds([collective], topo, placement))
+        assert published.gather_draws(m, topo, collapsed) == pytest.approx(np.full(4, expected))
+    # Under the drawn ensemble the rows keep gather_rows' point and its prediction ids.
+    result = published.published_check(_fake_predictor({}), pairs=[], topology_of=simulated,
+                                        ensemble=SMALL)
+    rows = result.calibration.table.set_index("prediction")
+    points = result.gathers.set_index("prediction")["predicted"]
+    assert rows["point"].to_dict() == pytest.approx(points.to_dict())
+    assert set(rows["kind"]) == {"collective"} and not rows["independent"].any()
+
+
+def test_the_ranges_published_figures_set_are_named_and_leave_their_predictions_out():
+    keys = {m.key for m in published.GATHERS} | {p.key for p in published.PAIRS}
+    assert {s.measurement for s in published.RANGE_SOURCES} <= keys
+    assert {s.spread for s in published.RANGE_SOURCES} <= {s.name for s in az.uncertainty.SPREADS}
+    with pytest.raises(ValueError, match=r"uncertainty\.SPREADS"):
+        published.RangeSource("x", "no_such_constant", "low")
+    # The README's ~20 s on v6e-8 set attention_efficiency's high end: its prediction (with
+    # PR #376's batch 1, the same two runs) is not independent; the v7x-8 one is.
+    recipes = sorted({r.recipe for p in published.PAIRS for r in (p.a, p.b)})
+    rng = np.random.default_rng(2)
+    draws_of = {r: 1.0 + i / 10 + rng.uniform(0, 0.01, SMALL.count)
+                for i, r in enumerate(recipes)}
+    result = published.published_check(_drawing_predictor(draws_of), topology_of=simulated,
+                                        ensemble=SMALL)
+    table = result.calibration.table.set_index("measurement")
+    assert not table.loc["PR #376 v6e-8 flash / Ulysses, batch 1", "independent"].any()
+    assert table.loc["README Ulysses ~10 % on v7x-8", "independent"].all()
+    text = result.markdown()
+    assert result.calibration.headline() in text and "ici_hop_latency" in text
+    assert published.markdown_table(az.uncertainty.sources()) in text

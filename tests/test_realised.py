@@ -114,7 +114,8 @@ def test_plan_verify_prints_the_check_and_fails_on_a_difference(snake, swept, mo
                                                        compiled=Compiles(),
                                                        headline=Headline(1.0))
 
-    command = ["plan", "wan2.1-t2v-1.3b@832x480x81/v5e:2x4", "--quiet", "--verify"]
+    command = ["plan", "wan2.1-t2v-1.3b@832x480x81/v5e:2x4", "--quiet", "--verify",
+               "--draws", "0"]
     monkeypatch.setattr(planner, "plan", planned(plan.program))
     assert main(command) == 0
     assert "compiled on its own mesh: The realised plan is what was scored" in (

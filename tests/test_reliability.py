@@ -510,6 +510,11 @@ def test_cli_bad_plan_arguments_exit_2_with_one_line(capsys, tmp_path):
     one_line(["plan", case, "--full", "--time-limit", "60"], "--full with --time-limit 60",
              "give one of the two")
     one_line(["plan", case, "--json", str(tmp_path / "no" / "plan.json")], "does not exist")
+    with pytest.raises(SystemExit) as exit_:
+        main(["plan", case, "--draws", "1"])
+    assert exit_.value.code == 2
+    assert "'1': give 0 (no intervals) or a number of draws of at least 2" in (
+        capsys.readouterr().err)
     # argparse's own refusals: usage plus one error line, status 2, no traceback.
     with pytest.raises(SystemExit) as exit_:
         main(["plan", case, "--layers", "two"])
