@@ -38,7 +38,7 @@ from jax.sharding import PartitionSpec as P
 from aoizora_lab.errors import AoizoraError, is_whole
 from aoizora_lab.hardware import chip_spec
 from aoizora_lab.models.attention import check_backend
-from aoizora_lab.models.parallel import ROLES, ParallelPlan, spec_shards
+from aoizora_lab.models.parallel import ROLES, ParallelPlan, check_ulysses_chunks, spec_shards
 from aoizora_lab.models.wan import WanConfig, param_leaves, param_specs
 from aoizora_lab.records import Records
 from aoizora_lab.topology import DeviceSource, Topology
@@ -82,12 +82,8 @@ class Candidate:
 
     def __post_init__(self) -> None:
         check_backend(self.attention)
-        if not is_whole(self.ulysses_chunks) or (self.ulysses_chunks > 1
-                                                 and self.degree("ulysses") < 2):
-            raise AoizoraError(
-                f"ulysses_chunks={self.ulysses_chunks!r}: a whole number >= 1, and above 1 only "
-                "with a ulysses axis (the chunks split the all-to-alls of Ulysses), e.g. "
-                "'cfg2-uly4-chunks2'.")
+        check_ulysses_chunks(self.ulysses_chunks, self.degree("ulysses") >= 2,
+                             "cfg2-uly4-chunks2")
         roles = [a.role for a in self.axes]
         if roles != [r for r in ROLES if r in roles] or any(a.size < 2 for a in self.axes):
             raise AoizoraError(

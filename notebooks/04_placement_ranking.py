@@ -45,6 +45,7 @@ layers = 2
 budget = 20000
 time_limit = 300.0  # seconds; None: the full search
 compare = ""  # a setup of yours to compare with; empty: none
+draws = 256  # draws of the model's uncertain constants and choices (at least 2)
 
 # %% [markdown]
 # `time_limit` answers within that many seconds, as `aoizora-lab plan` does (the plan of
@@ -132,6 +133,45 @@ display(result.baselines.trials().round(4))
 
 # %%
 display(result.headline.to_frame().round(4))
+
+# %% [markdown]
+# ## How sure is the answer?
+#
+# Every number above is a prediction from constants nobody measured for these programs (the
+# attention kernel's efficiency, the links' achieved bandwidth and per-hop latency, how much of
+# a collective the compute beside it really hides...) and from modelling choices public
+# evidence does not settle (the compiler's own op estimates or the roofline; how a collective
+# follows its group's device order). `aoizora_lab.uncertainty` holds a range for each, with
+# its source, and prices every compiled program again under `draws` draws of all of them
+# together, the same draws for every program, so a plan and a system are compared draw by
+# draw. Placements are the ones the search found with the default model.
+
+# %%
+from aoizora_lab.uncertainty import Ensemble, assess, sources
+
+display(sources()[["name", "range", "drawn", "generations"]])
+sure = assess(result, Ensemble(count=draws))
+display(sure.odds_frame().round(3))
+viz.show(viz.step_bands(sure))
+display(sure.to_frame().drop(columns=["median_winner"]).round(4))
+
+# %% [markdown]
+# `p_plan_faster` is the share of draws in which the search's own best is faster than the
+# system, `speedup_low` / `speedup_high` the 80 % interval of the system's step over the
+# plan's. An interval that straddles 1 means the model's own uncertainty could reverse the
+# answer. The **robust** choice (lowest 90th-percentile step) and the **least-regret** one
+# (smallest worst-case loss against the best option of each draw) are marked beside the
+# lowest median; where they differ, the cheaper-looking option is the riskier one.
+#
+# What drives the spread: for each drawn constant, the rank correlation between its value and
+# the plan's speedup over the best system (for a choice, the median speedup under each
+# alternative). A constant near the top is the one a measurement on a real slice would settle
+# first (`measure.calibrate` fits the ICI constants, `measure.calibrate_compute` the compute
+# efficiencies; a calibrated constant is taken as known and not drawn).
+
+# %%
+display(sure.drivers(slice_).round(3))
+display(Markdown("\n".join(f"- {line}" for line in sure.summary(slice_))))
 
 # %% [markdown]
 # ## Where the winner's bytes go
@@ -276,3 +316,6 @@ record("systems_not_known", list(headline.unchecked))
 record("placement_gain_vs_plain", headline.placement_gain["plain"])
 record("strategy_gain", headline.strategy_gain if headline.best_system else None)
 record("placements_ranked", len(result.ranking))
+record("p_plan_faster_than_best_system",
+       next((o.probability for o in sure.odds if o.system == headline.best_system), None))
+record("robust_choice", sure.robust)

@@ -81,6 +81,17 @@ def test_plan_quality_compares_the_plan_with_every_existing_system(quality):
                                               / (4 * chip.peak_bf16_flops))
     assert row["roofline_ratio"] >= 1 - EPS  # no prediction beats the roofline
     assert row["bound"] in ("compute", "communication")
+    # How sure: the headline's interval brackets the draws' median, the odds are a share.
+    assert row["vs_best_system_p10"] <= row["vs_best_system_p90"]
+    assert row["searched_p10_s"] <= row["searched_p90_s"]
+    assert 0 <= row["p_plan_faster"] <= 1
+    if row["vs_best_system_p10"] > 1:  # 90 % of draws faster at least
+        assert row["p_plan_faster"] >= 0.9
+    if row["vs_best_system_p90"] < 1:
+        assert row["p_plan_faster"] <= 0.1
+    assert row["robust_choice"] and row["median_winner"] and row["least_regret_choice"]
+    section = quality.markdown()
+    assert "**The robust choice.**" in section and "p_plan_faster" in section
     assert set(quality.targets["met"]) <= {"met", "missed", "n/a"}
     assert len(quality.targets) == 2
     assert list(quality.baselines["baseline"]) == list(SYSTEMS)
@@ -175,6 +186,7 @@ def test_placement_throughput_scores_placements(throughput):
     assert row["structures"] <= row["hlo collectives"]
     assert row["compile_s"] > 0 and row["compile host_gib"] > 0.1  # jax alone is more
     assert 0 < row["lower bound_s"] <= row["best exposed_s"] and row["gap"] >= 1
+    assert row["predict_s"] > 0 and row["ensemble_s"] > 0
 
 
 @pytest.mark.slow

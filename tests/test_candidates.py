@@ -84,7 +84,7 @@ def test_host_devices_get_the_blockwise_backend():
 
 
 @pytest.mark.parametrize("name", ["cfg2-uly4-ring2-fsdp", "tp8", "single", "cfg2-ctx4-fsdp",
-                                  "uly2-ring2-ctx2-tp2"])
+                                  "uly2-ring2-ctx2-tp2", "cfg2-uly4-chunks2-fsdpseq"])
 def test_names_round_trip(name):
     assert Candidate.from_name(name).name == name
 
@@ -92,6 +92,7 @@ def test_names_round_trip(name):
 @pytest.mark.parametrize(("name", "pattern"), [
     ("cfg2-foo4", r"'foo4'"), ("uly4-uly2", r"'uly2'"), ("tp8-fsdp", "besides tp"),
     ("cfg0", r"'cfg': 0.*at least 1"),
+    ("cfg2-ring4-chunks2", r"ulysses_chunks=2.*ulysses axis.*e\.g\. 'cfg2-uly4-chunks2'"),
 ])
 def test_bad_names_are_clear(name, pattern):
     with pytest.raises(az.AoizoraError, match=pattern):

@@ -66,6 +66,11 @@ def test_every_notebook_runs_and_saves_values_the_library_agrees_with(report):
     assert ranking["strategy_gain"] > 0
     assert ranking["best_flags"]
     assert ranking["predicted_step_s"] > 0
+    # How sure: the odds against the best system (None only where none was priced) and a
+    # robust choice among the compiled programs.
+    odds = ranking["p_plan_faster_than_best_system"]
+    assert odds is None or 0 <= odds <= 1
+    assert ranking["robust_choice"]
     realised = records["05_realize_and_measure"]
     assert realised["plan_candidate"] == ranking["best_candidate"]
     assert realised["realised_collectives_match"] is True
@@ -78,6 +83,7 @@ def test_pages_carry_the_heatmaps_offline(report):
     page = (out / "small" / "04_placement_ranking.html").read_text()
     assert "bytes per link per step" in page and "customdata" in page  # the torus heatmap
     assert "Plotly.newPlot" in page and "../assets/plotly.min.js" in page
+    assert "How sure: each option" in page  # the bands of every option's step
     assert "existing systems" in page and "placement gain" in page and "strategy gain" in page
     assert "No setup of yours given" in page  # compare left empty: one line, no search
     assert not re.search(r"<script[^>]+src=[\"']?(https?:)?//", page)

@@ -106,8 +106,11 @@ class PlanQuality:
                      "flags", "placement", "plan_s", "compute_s", "comm_s", "exposed_s",
                      "plan_wall_s"]]
         headline = s[["workload", "slice", "searched_candidate", "searched_s",
-                      *[f"{b}_s" for b in SYSTEMS], "best_system", "vs_best_system",
-                      "speedup_target"]]
+                      "searched_p10_s", "searched_p90_s", *[f"{b}_s" for b in SYSTEMS],
+                      "best_system", "vs_best_system", "vs_best_system_p10",
+                      "vs_best_system_p90", "p_plan_faster", "speedup_target"]]
+        robust = s[["workload", "slice", "median_winner", "robust_choice",
+                    "least_regret_choice"]]
         gains = s[["workload", "slice", "placement_gain_vs_plain",
                    "placement_gain_vs_make_mesh", "placement_gain_vs_create_device_mesh",
                    "strategy_candidate", "strategy_s", "strategy_gain"]]
@@ -138,8 +141,21 @@ class PlanQuality:
             "system wins, and the plan recommended, `plan_s` above, is then that system's "
             "setup). Rows without `searched_s` were planned when the headline was the "
             "fastest system / the plan recommended (at least 1 by construction). "
-            f"Target: at least {SPEEDUP_TARGET:g}x on one workload.",
+            f"Target: at least {SPEEDUP_TARGET:g}x on one workload. How sure "
+            "(`aoizora_lab.uncertainty`: every compiled program on its best placement, and "
+            "each system on its own, priced again under 256 draws of the model's uncertain "
+            "constants and choices, each range with its source; the same draws for all): "
+            "`searched_p10_s` / `searched_p90_s`, the 80 % interval of the search's own best; "
+            "`vs_best_system_p10` / `_p90`, of its speedup over the best system (draw by "
+            "draw); `p_plan_faster`, the share of draws in which it is faster (a tie counts "
+            "half). Rows planned before the ensemble existed have none.",
             markdown_table(headline),
+            "**The robust choice.** Beside the lowest median step (`median_winner`), the "
+            "option with the lowest 90th-percentile step (`robust_choice`) and the one whose "
+            "worst regret over the draws is least (`least_regret_choice`), among every "
+            "compiled program the search placed (`candidate (flags)`). "
+            + _robust_differs(robust),
+            markdown_table(robust),
             "**Where the gain comes from.** *Placement gain*: the plan's own compiled program "
             "in plain device order, where `jax.make_mesh` and where "
             "`mesh_utils.create_device_mesh` put it, over its best placement (NaN: the "
@@ -170,6 +186,19 @@ class PlanQuality:
             "Targets:",
             markdown_table(self.targets),
         ])
+
+
+def _robust_differs(robust: pd.DataFrame) -> str:
+    """Names the cases where a robust choice is not the median winner."""
+    known = robust.dropna(subset=["median_winner"])
+    differ = known[(known["robust_choice"] != known["median_winner"])
+                   | (known["least_regret_choice"] != known["median_winner"])]
+    if known.empty:
+        return "No row has an ensemble yet."
+    if differ.empty:
+        return f"They agree on all {len(known)} cases assessed."
+    return (f"They differ on {len(differ)} of {len(known)} cases assessed: "
+            + "; ".join(f"{r.workload} on {r.slice}" for r in differ.itertuples()) + ".")
 
 
 def useful_flops(workload: Workload, attention: str) -> float:
@@ -232,7 +261,9 @@ def plan_quality(cases: Iterable[Case | str] = DEFAULT_MATRIX, *, num_layers: in
                "placement",
                "plan_s", "compute_s", "comm_s", "exposed_s", "searched_candidate",
                "searched_s", *[f"{b}_s" for b in SYSTEMS],
-               "best_system", "vs_best_system", "speedup_target", "plain_order_s",
+               "best_system", "vs_best_system", "vs_best_system_p10", "vs_best_system_p90",
+               "p_plan_faster", "searched_p10_s", "searched_p90_s", "median_winner",
+               "robust_choice", "least_regret_choice", "speedup_target", "plain_order_s",
                "make_mesh_s", "create_device_mesh_s", "placement_gain_vs_plain",
                "placement_gain_vs_make_mesh", "placement_gain_vs_create_device_mesh",
                "strategy_candidate", "strategy_s", "strategy_gain", "useful_tflops",
@@ -344,12 +375,16 @@ def _quality_row(workload: Workload, topology: Topology, *, num_layers: int | No
     from aoizora_lab.hardware import chip_spec
     from aoizora_lab.options import FULL_SEARCH
     from aoizora_lab.planner import plan
+    from aoizora_lab.uncertainty import assess
 
     start = time.perf_counter()
     result = plan(workload, topology, FULL_SEARCH.replace(
         budget=budget, num_layers=num_layers, cache_dir=cache_dir, timeout_s=timeout_s))
     wall = time.perf_counter() - start
     best, head = result.best, result.headline
+    sure = assess(result)
+    against = {o.system: o for o in sure.odds}.get(head.best_system)
+    own = sure.option(sure.plan)
     plan_s = best.predicted.total_s
     where = {"workload": workload.name, "slice": topology.name}
     baseline_rows.extend(where | b for b in result.baselines.to_frame().to_dict("records"))
@@ -365,6 +400,12 @@ def _quality_row(workload: Workload, topology: Topology, *, num_layers: int | No
         "searched_s": result.searched.predicted.total_s,
         **{f"{name}_s": seconds for name, seconds in head.systems.items()},
         "best_system": head.best_system or "none priced", "vs_best_system": head.vs_existing,
+        "vs_best_system_p10": against.speedup[0] if against else math.nan,
+        "vs_best_system_p90": against.speedup[2] if against else math.nan,
+        "p_plan_faster": against.probability if against else math.nan,
+        "searched_p10_s": own.low_s, "searched_p90_s": own.high_s,
+        "median_winner": sure.median_winner, "robust_choice": sure.robust,
+        "least_regret_choice": sure.least_regret,
         "speedup_target": (met(head.vs_existing >= SPEEDUP_TARGET) if head.best_system
                            else "n/a"),
         "plain_order_s": head.plain_s, "make_mesh_s": head.make_mesh_s,

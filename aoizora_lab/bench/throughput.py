@@ -63,6 +63,7 @@ def _throughput_row(workload: Workload, topology: Topology, *, name: str, evalua
                     num_layers: int, cache_dir: str | Path | None) -> dict[str, Any]:
     from aoizora_lab.candidates import Candidate, default_attention
     from aoizora_lab.compile import compile_candidates
+    from aoizora_lab.cost import predict
     from aoizora_lab.placement import (
         LOCAL_SEARCH_CHAINS,
         LOCAL_SEARCH_STARTS,
@@ -71,6 +72,7 @@ def _throughput_row(workload: Workload, topology: Topology, *, name: str, evalua
         anneal,
         structured_placements,
     )
+    from aoizora_lab.uncertainty import DEFAULT_ENSEMBLE, price
 
     candidate = Candidate.from_name(name, attention=default_attention(topology))
     [compiled] = compile_candidates([candidate], workload, topology, num_layers=num_layers,
@@ -104,6 +106,14 @@ def _throughput_row(workload: Workload, topology: Topology, *, name: str, evalua
     whole_start = time.perf_counter()
     whole.scores(batch)
     whole_s = time.perf_counter() - whole_start
+    # How sure, on the best start: one model, then the ensemble (its other device-order
+    # choice is estimated here, cold).
+    predict_start = time.perf_counter()
+    predict(compiled.program, topology, starts[0])
+    predict_s = time.perf_counter() - predict_start
+    ensemble_start = time.perf_counter()
+    price(compiled.program, topology, starts[0], DEFAULT_ENSEMBLE)
+    ensemble_s = time.perf_counter() - ensemble_start
     return {"status": "ok", "chips": topology.num_chips,
             "compile_s": compiled.compile_seconds,
             "compile host_gib": compiled.host_peak_bytes / 2**30,
@@ -113,7 +123,8 @@ def _throughput_row(workload: Workload, topology: Topology, *, name: str, evalua
             "whole placements/s": len(batch) / whole_s,
             "best exposed_s": best_s, "lower bound_s": bound_s,
             "gap": best_s / bound_s if bound_s > 0 else math.nan,
-            "group layouts modelled": scorer.group_layouts_modelled}
+            "group layouts modelled": scorer.group_layouts_modelled,
+            "predict_s": predict_s, "ensemble_s": ensemble_s}
 
 
 def throughput_markdown(table: pd.DataFrame, evaluations: int) -> str:
@@ -136,6 +147,10 @@ def throughput_markdown(table: pd.DataFrame, evaluations: int) -> str:
         "exposed communication found; `lower "
         "bound_s`: what no placement can beat (`PlacementScorer.lower_bound`: every "
         "collective at its per-chip injection bound, all-to-alls also at their average link "
-        "load; loose where gathers' routes are long); `gap` = best / bound.",
+        "load; loose where gathers' routes are long); `gap` = best / bound. `predict_s`: "
+        "the best start priced in full by `cost.predict` (one model, cold); `ensemble_s`: "
+        "the same placement under the 256 draws of `uncertainty.DEFAULT_ENSEMBLE` "
+        "(`uncertainty.price`, its other device-order choice estimated cold): what a plan's "
+        "uncertainty costs per program.",
         markdown_table(table),
     ])

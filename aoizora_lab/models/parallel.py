@@ -39,7 +39,7 @@ from jax import lax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from aoizora_lab.errors import AoizoraError
+from aoizora_lab.errors import AoizoraError, is_whole
 from aoizora_lab.models.attention import (
     Partial,
     attention_fn,
@@ -81,11 +81,7 @@ class ParallelPlan:
 
     def __post_init__(self) -> None:
         check_backend(self.attention)
-        if not isinstance(self.ulysses_chunks, int) or self.ulysses_chunks < 1 or (
-                self.ulysses_chunks > 1 and not self.axes("ulysses")):
-            raise AoizoraError(
-                f"ulysses_chunks={self.ulysses_chunks!r}: a whole number >= 1, and above 1 only "
-                "with a ulysses axis (the chunks split the all-to-alls of Ulysses).")
+        check_ulysses_chunks(self.ulysses_chunks, bool(self.axes("ulysses")))
         names = tuple(self.mesh.axis_names) if self.mesh is not None else ()
         if set(self.roles) != set(names):
             raise AoizoraError(
@@ -271,6 +267,16 @@ class _SelfAttentionBody:
             out = lax.all_to_all(out, uly, split_axis=1, concat_axis=2, tiled=True)
         return out
 
+
+def check_ulysses_chunks(chunks: Any, ulysses: bool, example: str = "") -> None:
+    """Raise unless ``chunks`` is a whole number >= 1, above 1 only with a ulysses axis (the
+    chunks split the all-to-alls of Ulysses); ``example`` shows the fix in the caller's
+    words."""
+    if not is_whole(chunks) or (chunks > 1 and not ulysses):
+        raise AoizoraError(
+            f"ulysses_chunks={chunks!r}: a whole number >= 1, and above 1 only with a ulysses "
+            "axis (the chunks split the all-to-alls of Ulysses)"
+            + (f", e.g. {example!r}." if example else "."))
 
 
 def ulysses_head_chunks(heads: int, ulysses: int, chunks: int) -> list[tuple[int, int]]:

@@ -17,6 +17,7 @@ from aoizora_lab.viz.charts import (
     exclusion_chart,
     pruning_scatter,
     ranking_scatter,
+    step_bands,
     traffic_chart,
 )
 from aoizora_lab.viz.display import display_bundle, show
@@ -60,6 +61,7 @@ __all__ = [
     "ranking_scatter",
     "ranking_views",
     "show",
+    "step_bands",
     "torus_heatmap",
     "traffic_chart",
 ]

@@ -57,6 +57,7 @@ if TYPE_CHECKING:
     from aoizora_lab.candidates import CandidateSpace
     from aoizora_lab.compile import Compiles
     from aoizora_lab.prune import Pruning
+    from aoizora_lab.uncertainty import Assessment
 
 
 def collective_breakdown(
@@ -171,6 +172,49 @@ def ranking_scatter(
                          else "predicted step time") + f" ({unit})", "rangemode": "tozero"},
         margin={"t": 90},
     )
+    return fig
+
+
+def step_bands(assessment: Assessment, *, top: int = 12, title: str | None = None
+               ) -> go.Figure:
+    """Each option's predicted step under every draw of the ensemble, as a horizontal violin
+    with its median, 80 % interval and the default model's step (a diamond); the plan and the
+    systems marked. ``assessment`` is :func:`aoizora_lab.uncertainty.assess`'s; the ``top``
+    fastest medians are shown, and every system's own setup."""
+    if not len(assessment):
+        raise AoizoraError("step_bands got an empty assessment; assess a plan first.")
+    shown = [o for i, o in enumerate(assessment) if i < top or o.role not in ("search", "setup")]
+    factor, unit = time_scale(max(float(o.steps.max()) for o in shown))
+    traces = []
+    for option in reversed(shown):  # fastest at the top
+        colour = ("#d62728" if option.label == assessment.plan else
+                  "#7f7f7f" if option.role not in ("search", "setup") else "#1f77b4")
+        traces.append(go.Violin(
+            x=(option.steps * factor).tolist(), y=[option.label] * len(option.steps),
+            orientation="h", name=option.label, line_color=colour, showlegend=False,
+            points=False, box_visible=False, meanline_visible=False, width=0.9,
+            hoverinfo="skip"))
+        traces.append(go.Scatter(
+            x=[option.low_s * factor, option.high_s * factor], y=[option.label] * 2,
+            mode="lines", line={"color": colour, "width": 4}, showlegend=False,
+            hovertemplate=(f"{option.label}<br>80 %: {format_seconds(option.low_s)} - "
+                           f"{format_seconds(option.high_s)}<extra></extra>")))
+        traces.append(go.Scatter(
+            x=[option.median_s * factor, option.point_s * factor], y=[option.label] * 2,
+            mode="markers", marker={"symbol": ["line-ns-open", "diamond"], "size": [16, 9],
+                                    "color": colour, "line": {"width": 2, "color": colour}},
+            showlegend=False,
+            hovertemplate=(f"{option.label}<br>median {format_seconds(option.median_s)}, "
+                           f"default model {format_seconds(option.point_s)}<extra></extra>")))
+    fig = go.Figure(traces)
+    fig.update_layout(
+        title={"text": title or "How sure: each option's step under the model's uncertainty",
+               "subtitle": {"text": f"{assessment.ensemble.count} draws; bar: 80 % interval, "
+                                    "tick: median, diamond: default model; red: the plan, "
+                                    "grey: the systems in their own order"}},
+        template="plotly_white", height=max(320, 34 * len(shown) + 140),
+        xaxis={"title": f"predicted step ({unit})"}, margin={"t": 90, "l": 10},
+        yaxis={"automargin": True})
     return fig
 
 
