@@ -82,6 +82,13 @@ def test_rows_are_the_ici_model_and_reach_means_at_least_the_published_gain():
         assert (done[f"{model}_reaches"] == reaches).all()
     # The model before device orders could not see an order-only change on one chip set.
     assert done.iloc[0]["physical_ratio"] == pytest.approx(1.0)
+    # How sure: the ensemble draws the order model with the link constants, so its interval
+    # holds the draws' ratios under both order models it draws.
+    first = done.iloc[0]
+    assert first["ratio_p10"] <= first["ratio_p90"]
+    assert 0 <= first["p_reaches"] <= 1
+    assert first["ratio_p10"] <= max(first["compiler_ratio"], first["logical_ratio"]) * 1.001
+    assert (done["p_reaches"] > 0).any()
     assert not rows[rows["status"] != "ok"].empty  # what cannot be rebuilt is a row
 
 

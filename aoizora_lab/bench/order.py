@@ -47,6 +47,7 @@ from aoizora_lab.comm_model import (
     mesh_axis_groups,
     order_algorithm,
 )
+from aoizora_lab.hlo import CommProgram
 from aoizora_lab.placement import (
     LibraryRefuses,
     Placement,
@@ -56,6 +57,7 @@ from aoizora_lab.placement import (
     plain_order,
 )
 from aoizora_lab.topology import Topology
+from aoizora_lab.uncertainty import price
 
 SECTION = "## Device order"
 """The section's heading in ``reports/benchmarks.md``."""
@@ -418,6 +420,13 @@ def measurement_rows(measurements: Sequence[OrderMeasurement] = MEASUREMENTS,
         small = _estimates(Collective(m.kind, groups, SMALL_MESSAGE_BYTES), topology, before,
                            after, default)
         row["compiler_ratio_small"] = small[0].seconds / small[1].seconds
+        # How sure: the ratio draw by draw under the ensemble, which draws the order model
+        # ("compiler" or "logical") with the link constants.
+        drawn = [price(CommProgram((big,), topology.num_devices), topology, order)
+                 for order in (before, after)]
+        ratios = drawn[0] / drawn[1]
+        row["ratio_p10"], row["ratio_p90"] = np.quantile(ratios, [0.1, 0.9])
+        row["p_reaches"] = float(np.mean(ratios >= m.published_ratio))
         for side, each in zip(("before", "after"), by_model[default], strict=True):
             row[f"busiest_{side}"] = (f"{each.busiest_link} "
                                       f"{each.busiest_link_bytes / 1e6:.0f} MB")
@@ -542,7 +551,11 @@ class DeviceOrderCheck:
             "measurement when its ratio is at least `published_ratio`; "
             f"`compiler_ratio_small` is the default model at {SMALL_MESSAGE_BYTES / 1e3:.0f} "
             "kB, where hop latency dilutes the order. `busiest_*`: the busiest link and its "
-            "bytes under the default model. Rows whose `note` says *not the measured setup* "
+            "bytes under the default model. How sure: `ratio_p10` / `ratio_p90`, the 80 % "
+            "interval of the ratio under the 256 draws of `uncertainty.DEFAULT_ENSEMBLE` "
+            "(both orders under the same draws, which draw the order model, `compiler` or "
+            "`logical`, with the link constants), and `p_reaches`, the share of draws whose "
+            "ratio reaches the published one. Rows whose `note` says *not the measured setup* "
             "are predictions for today's JAX, not counted.",
             markdown_table(shown),
             "Which order model reaches every measured gain. The default is the one the "
