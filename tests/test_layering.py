@@ -19,7 +19,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
      "workers"),
     ("topology",),
     ("comm_model",),
-    ("models", "models.attention", "models.safetensors_io", "models.parallel", "models.wan"),
+    ("models", "models.attention", "models.safetensors_io", "models.parallel", "models.wan",
+     "models.vae"),
     # what is planned
     ("aoizora_lab", "workload", "cases"),
     # the pipeline, stage by stage

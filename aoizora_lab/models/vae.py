@@ -1,0 +1,402 @@
+"""Wan 2.1 video VAE decoder in JAX, faithful to the official ``wan/modules/vae.py``.
+
+Source: github.com/Wan-Video/Wan2.1, ``wan/modules/vae.py`` at commit
+9737cba9c1c3c4d04b33fcad41c111989865d315 (``WanVAE_.decode``, ``Decoder3d`` and their blocks);
+``tests/data/wan21_vae_tiny.*`` is a golden output of that code (``tools/make_vae_fixture.py``).
+
+:func:`decode` maps a normalised latent video ``z`` ``[B, z_dim, T, h, w]`` (what the DiT
+produces) to RGB video ``[B, 3, 1 + 4 (T - 1), 8 h, 8 w]`` in ``[-1, 1]``:
+
+1. un-normalise per channel, ``z / (1 / std) + mean``, then ``conv2`` (1x1x1);
+2. ``Decoder3d``: causal 3x3x3 ``conv1``; middle = residual block, single-head attention over
+   each frame's pixels, residual block; then per level ``num_res_blocks + 1`` residual blocks
+   (RMS norm, SiLU, causal 3x3x3 conv, twice, plus a 1x1x1 shortcut where the width changes)
+   and, except on the last level, an upsampler: ``upsample3d`` levels first double the frames
+   (below), then every upsampler repeats pixels 2x2 (nearest) and applies a 3x3 conv that
+   halves the channels;
+3. head: RMS norm, SiLU, causal 3x3x3 conv to 3 channels; clamp to ``[-1, 1]``.
+
+The official decode runs the decoder one latent frame at a time, carrying the last
+``CACHE_T = 2`` input frames of each causal conv in ``feat_cache``. For every causal conv that
+equals one conv over the whole sequence with ``k_t - 1 = 2`` zero frames padded in front, which
+is what this module does, all frames at once. The exception is the time upsampler: on the first
+chunk the official code only stores the marker ``'Rep'`` and skips ``time_conv``, so the first
+frame goes through once, not doubled; on the second chunk ``time_conv`` runs without a cache
+(zero padding), so it never sees the first frame. Here that is
+``concat(x[:1], interleave(causal_conv(x[1:])))``: ``T`` frames become ``1 + 2 (T - 1)``, the
+two output frames of input frame ``t`` being the two channel halves of the conv's output.
+
+Shapes for 720p (dim 96, the :meth:`VAEConfig.wan21` preset), latent ``[1, 16, 21, 90, 160]``:
+``conv1`` -> ``[1, 384, 21, 90, 160]``; level 0 (384 wide, ``upsample3d``) ->
+``[1, 192, 41, 180, 320]``; level 1 (384, ``upsample3d``) -> ``[1, 192, 81, 360, 640]``;
+level 2 (192, ``upsample2d``) -> ``[1, 96, 81, 720, 1280]``; level 3 (96) and head ->
+video ``[1, 3, 81, 720, 1280]``.
+
+Layout: activations are NCDHW (``[B, C, T, H, W]``, as the official code) and parameters keep
+the official state-dict names, shapes and layouts (Conv3d ``[O, I, kt, kh, kw]``, Conv2d
+``[O, I, kh, kw]``, RMS-norm gamma ``[C, 1, 1, 1]`` or ``[C, 1, 1]``), so a checkpoint's
+tensors are used as they are. The layouts are logical only: XLA chooses the physical ones.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from aoizora_lab.errors import AoizoraError, is_whole
+from aoizora_lab.models.safetensors_io import load_safetensors
+
+Params = dict[str, jax.Array]
+
+# Per-channel statistics of the Wan 2.1 latent (official ``WanVAE.__init__``).
+WAN21_LATENT_MEAN = (
+    -0.7571, -0.7089, -0.9113, 0.1075, -0.1745, 0.9653, -0.1517, 1.5508,
+    0.4134, -0.0715, 0.5517, -0.3632, -0.1922, -0.9497, 0.2503, -0.2921,
+)
+WAN21_LATENT_STD = (
+    2.8184, 1.4541, 2.3275, 2.6558, 1.2196, 1.7708, 2.6052, 2.0743,
+    3.2687, 2.1526, 2.8652, 1.5579, 1.6382, 1.1253, 2.8251, 1.9160,
+)
+_NORM_EPS = 1e-12  # torch.nn.functional.normalize's default, used by the official RMS_norm
+_CONV_DIMS = ("NCDHW", "OIDHW", "NCDHW")
+
+
+@dataclass(frozen=True)
+class VAEConfig:
+    """Wan VAE hyper-parameters, named as the official ``WanVAE_`` arguments.
+
+    The defaults are the released Wan 2.1 VAE, spelled out by :meth:`wan21`.
+    """
+
+    dim: int = 96
+    """Base width; level widths are ``dim * dim_mult`` (the official ``_video_vae`` uses 96)."""
+    z_dim: int = 16
+    """Latent channels."""
+    dim_mult: tuple[int, ...] = (1, 2, 4, 4)
+    """Width multipliers per encoder level; the decoder walks them in reverse, at most 4."""
+    num_res_blocks: int = 2
+    """Residual blocks per encoder level; the decoder has one more per level."""
+    attn_scales: tuple[float, ...] = ()
+    """Scales (1 = the latent grid, 2, 4...) whose levels get attention after each residual
+    block; the middle attention is always there. Empty in Wan 2.1."""
+    temperal_downsample: tuple[bool, ...] = (False, True, True)
+    """Whether each encoder downsampler halves time (official spelling). The decoder upsamples
+    time where the reversed tuple says so: (True, True, False) gives 1 + 4 (T - 1) frames."""
+    latent_mean: tuple[float, ...] = WAN21_LATENT_MEAN
+    """Per-channel mean that :func:`decode` adds back to the normalised latent."""
+    latent_std: tuple[float, ...] = WAN21_LATENT_STD
+    """Per-channel standard deviation that :func:`decode` multiplies back."""
+
+    def __post_init__(self) -> None:
+        for name, kind in (("dim_mult", int), ("attn_scales", float),
+                           ("temperal_downsample", bool), ("latent_mean", float),
+                           ("latent_std", float)):
+            value = getattr(self, name)
+            try:
+                object.__setattr__(self, name, tuple(kind(v) for v in value))
+            except (TypeError, ValueError):
+                raise AoizoraError(
+                    f"VAEConfig.{name}={value!r} must be a sequence of {kind.__name__}s, e.g. "
+                    f"{getattr(VAEConfig, name)!r}."
+                ) from None
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise :class:`AoizoraError` on values the official decoder cannot be built with."""
+        for name, minimum in (("dim", 1), ("z_dim", 1), ("num_res_blocks", 0)):
+            if not is_whole(getattr(self, name), minimum=minimum):
+                raise AoizoraError(
+                    f"VAEConfig.{name}={getattr(self, name)!r} must be an integer >= {minimum}."
+                )
+        if not 1 <= len(self.dim_mult) <= 4 or min(self.dim_mult) < 1:
+            raise AoizoraError(
+                f"VAEConfig.dim_mult={self.dim_mult} must hold 1 to 4 positive multipliers: the "
+                "official Decoder3d halves the input width of levels 1-3 only, e.g. (1, 2, 4, 4)."
+            )
+        if len(self.temperal_downsample) != len(self.dim_mult) - 1:
+            raise AoizoraError(
+                f"VAEConfig.temperal_downsample={self.temperal_downsample} needs one flag per "
+                f"resampler, len(dim_mult) - 1 = {len(self.dim_mult) - 1}."
+            )
+        for name in ("latent_mean", "latent_std"):
+            if len(getattr(self, name)) != self.z_dim:
+                raise AoizoraError(
+                    f"VAEConfig.{name} has {len(getattr(self, name))} values; it needs one per "
+                    f"latent channel (z_dim={self.z_dim})."
+                )
+        if min(self.latent_std) <= 0:
+            raise AoizoraError(f"VAEConfig.latent_std={self.latent_std} must all be positive.")
+
+    @classmethod
+    def wan21(cls) -> VAEConfig:
+        """The released Wan 2.1 VAE (``Wan2.1_VAE.pth``, official ``WanVAE`` / ``_video_vae``)."""
+        return cls(dim=96, z_dim=16, dim_mult=(1, 2, 4, 4), num_res_blocks=2, attn_scales=(),
+                   temperal_downsample=(False, True, True))
+
+    @property
+    def temperal_upsample(self) -> tuple[bool, ...]:
+        """Whether each decoder upsampler doubles time (the official reversal of downsample)."""
+        return self.temperal_downsample[::-1]
+
+
+# ----------------------------------------------------------------------------- structure
+
+class _Layer(NamedTuple):
+    """One official module of the decoder: its kind, state-dict prefix and widths."""
+
+    kind: str  # "residual", "attention", "upsample2d" or "upsample3d"
+    name: str
+    in_dim: int
+    out_dim: int
+
+
+def _upsample_layers(config: VAEConfig) -> list[_Layer]:
+    """``Decoder3d.upsamples`` in order, built as the official constructor builds it."""
+    widths = [config.dim * m for m in (config.dim_mult[-1], *config.dim_mult[::-1])]
+    scale = 1.0 / 2 ** (len(config.dim_mult) - 2)
+    layers: list[_Layer] = []
+
+    def add(kind: str, in_dim: int, out_dim: int) -> None:
+        layers.append(_Layer(kind, f"decoder.upsamples.{len(layers)}", in_dim, out_dim))
+
+    for i, (in_dim, out_dim) in enumerate(itertools.pairwise(widths)):
+        if i > 0:  # the previous upsampler's conv halved the width
+            in_dim //= 2
+        for _ in range(config.num_res_blocks + 1):
+            add("residual", in_dim, out_dim)
+            if scale in config.attn_scales:
+                add("attention", out_dim, out_dim)
+            in_dim = out_dim
+        if i != len(config.dim_mult) - 1:
+            kind = "upsample3d" if config.temperal_upsample[i] else "upsample2d"
+            add(kind, out_dim, out_dim // 2)
+            scale *= 2.0
+    return layers
+
+
+def _middle_width(config: VAEConfig) -> int:
+    return config.dim * config.dim_mult[-1]
+
+
+def _out_width(config: VAEConfig) -> int:
+    return config.dim * config.dim_mult[0]
+
+
+def param_shapes(config: VAEConfig) -> dict[str, tuple[int, ...]]:
+    """Official state-dict name -> shape of every parameter :func:`decode` uses."""
+    z, mid = config.z_dim, _middle_width(config)
+    shapes: dict[str, tuple[int, ...]] = {}
+    _conv(shapes, "conv2", z, z, (1, 1, 1))
+    _conv(shapes, "decoder.conv1", z, mid, (3, 3, 3))
+    middle = [_Layer("residual", "decoder.middle.0", mid, mid),
+              _Layer("attention", "decoder.middle.1", mid, mid),
+              _Layer("residual", "decoder.middle.2", mid, mid)]
+    for layer in middle + _upsample_layers(config):
+        _LAYER_SHAPES[layer.kind](shapes, layer)
+    out = _out_width(config)
+    shapes["decoder.head.0.gamma"] = (out, 1, 1, 1)
+    _conv(shapes, "decoder.head.2", out, 3, (3, 3, 3))
+    return shapes
+
+
+def _conv(shapes: dict, name: str, in_dim: int, out_dim: int, kernel: tuple[int, ...]) -> None:
+    shapes[f"{name}.weight"] = (out_dim, in_dim, *kernel)
+    shapes[f"{name}.bias"] = (out_dim,)
+
+
+def _residual_shapes(shapes: dict, layer: _Layer) -> None:
+    p, i, o = layer.name, layer.in_dim, layer.out_dim
+    shapes[f"{p}.residual.0.gamma"] = (i, 1, 1, 1)
+    _conv(shapes, f"{p}.residual.2", i, o, (3, 3, 3))
+    shapes[f"{p}.residual.3.gamma"] = (o, 1, 1, 1)
+    _conv(shapes, f"{p}.residual.6", o, o, (3, 3, 3))
+    if i != o:
+        _conv(shapes, f"{p}.shortcut", i, o, (1, 1, 1))
+
+
+def _attention_shapes(shapes: dict, layer: _Layer) -> None:
+    p, c = layer.name, layer.in_dim
+    shapes[f"{p}.norm.gamma"] = (c, 1, 1)
+    _conv(shapes, f"{p}.to_qkv", c, 3 * c, (1, 1))
+    _conv(shapes, f"{p}.proj", c, c, (1, 1))
+
+
+def _upsample_shapes(shapes: dict, layer: _Layer) -> None:
+    _conv(shapes, f"{layer.name}.resample.1", layer.in_dim, layer.out_dim, (3, 3))
+    if layer.kind == "upsample3d":
+        _conv(shapes, f"{layer.name}.time_conv", layer.in_dim, 2 * layer.in_dim, (3, 1, 1))
+
+
+_LAYER_SHAPES = {"residual": _residual_shapes, "attention": _attention_shapes,
+                 "upsample2d": _upsample_shapes, "upsample3d": _upsample_shapes}
+
+
+def video_shape(config: VAEConfig, latent_shape: tuple[int, ...]) -> tuple[int, ...]:
+    """Shape of :func:`decode`'s output for a latent of ``latent_shape`` ``[B, z, T, h, w]``."""
+    _check_latent_shape(config, tuple(latent_shape))
+    b, _, t, h, w = latent_shape
+    for doubles in config.temperal_upsample:
+        t = 1 + 2 * (t - 1) if doubles else t
+    s = 2 ** len(config.temperal_upsample)
+    return b, 3, t, h * s, w * s
+
+
+# ----------------------------------------------------------------------------- parameters
+
+def abstract_decoder_params(config: VAEConfig, dtype: Any = jnp.bfloat16) -> Params:
+    """The parameters as ``ShapeDtypeStruct``s: shapes for lowering, nothing allocated."""
+    return {n: jax.ShapeDtypeStruct(s, dtype) for n, s in param_shapes(config).items()}
+
+
+def init_decoder_params(config: VAEConfig, key: jax.Array, dtype: Any = jnp.float32) -> Params:
+    """Random parameters: normal weights of variance 1 / fan_in, zero biases, unit gammas.
+
+    Fan-in scaling keeps activations of order one through the depth, so a random decoder gives
+    values in range for timing and sharding work; it is not the official initialisation. All
+    weights come from one normal draw, cut up: a draw per weight compiles a generator per shape.
+    """
+    shapes = param_shapes(config)
+    total = sum(math.prod(s) for n, s in shapes.items() if not n.endswith((".gamma", ".bias")))
+    flat = np.asarray(jax.random.normal(key, (total,), jnp.float32))
+    params, offset = {}, 0
+    for name, shape in shapes.items():
+        if name.endswith(".gamma"):
+            value = np.ones(shape, np.float32)
+        elif name.endswith(".bias"):
+            value = np.zeros(shape, np.float32)
+        else:
+            size = math.prod(shape)
+            value = flat[offset:offset + size].reshape(shape) / math.sqrt(size // shape[0])
+            offset += size
+        params[name] = jnp.asarray(value, dtype)
+    return params
+
+
+def load_decoder_params(source: Mapping[str, Any] | str | Path, config: VAEConfig,
+                        dtype: Any = jnp.float32) -> Params:
+    """The decoder's parameters from an official state dict or a ``.safetensors`` file.
+
+    ``source`` maps official names to arrays (numpy, or torch tensors via ``.numpy()``, e.g. a
+    ``torch.load``-ed ``Wan2.1_VAE.pth``) or is a ``.safetensors`` path. Other keys (the
+    encoder, a fixture's inputs) are ignored; a missing or misshaped parameter is an error
+    naming it.
+    """
+    tensors = source if isinstance(source, Mapping) else load_safetensors(source)
+    params = {}
+    for name, shape in param_shapes(config).items():
+        if name not in tensors:
+            raise AoizoraError(
+                f"The checkpoint has no {name!r}; it holds {len(tensors)} tensors such as "
+                f"{sorted(tensors)[:3]}. Is it a Wan VAE checkpoint matching {config}?"
+            )
+        value = tensors[name]
+        value = np.asarray(value.numpy() if hasattr(value, "numpy") else value, np.float32)
+        if value.shape != shape:
+            raise AoizoraError(
+                f"Official parameter {name!r} has shape {value.shape}, but {config} needs "
+                f"{shape}; is the config right for this checkpoint?"
+            )
+        params[name] = jnp.asarray(value, dtype)
+    return params
+
+
+# ----------------------------------------------------------------------------- forward
+
+def _causal_conv(x: jax.Array, params: Params, name: str) -> jax.Array:
+    """The official ``CausalConv3d`` (or a per-frame ``Conv2d``) over the whole sequence.
+
+    ``k_t - 1`` zero frames in front and none after: output frame ``t`` sees input frames
+    ``t - k_t + 1 .. t``, which is what the official frame-by-frame cache feeds it. Space is
+    padded by ``k // 2`` on both sides, as the official ``padding=1`` of every 3x3 conv.
+    """
+    w = params[f"{name}.weight"]
+    if w.ndim == 4:  # Conv2d applied frame by frame = Conv3d with a kernel one frame long
+        w = w[:, :, None]
+    kt, kh, kw = w.shape[2:]
+    y = lax.conv_general_dilated(x, w.astype(x.dtype), (1, 1, 1),
+                                 ((kt - 1, 0), (kh // 2, kh // 2), (kw // 2, kw // 2)),
+                                 dimension_numbers=_CONV_DIMS)
+    return y + params[f"{name}.bias"].astype(x.dtype)[:, None, None, None]
+
+
+def _rms_norm(x: jax.Array, gamma: jax.Array) -> jax.Array:
+    """Official ``RMS_norm``: L2-normalise over channels, times ``sqrt(C) * gamma`` (no bias)."""
+    norm = jnp.sqrt(jnp.sum(jnp.square(x), axis=1, keepdims=True))
+    gamma = gamma.astype(x.dtype).reshape(1, -1, 1, 1, 1)
+    return x / jnp.maximum(norm, _NORM_EPS) * math.sqrt(x.shape[1]) * gamma
+
+
+def _residual(x: jax.Array, params: Params, layer: _Layer) -> jax.Array:
+    p = layer.name
+    h = _causal_conv(x, params, f"{p}.shortcut") if layer.in_dim != layer.out_dim else x
+    x = _causal_conv(jax.nn.silu(_rms_norm(x, params[f"{p}.residual.0.gamma"])), params,
+                     f"{p}.residual.2")
+    x = _causal_conv(jax.nn.silu(_rms_norm(x, params[f"{p}.residual.3.gamma"])), params,
+                     f"{p}.residual.6")
+    return x + h
+
+
+def _attention(x: jax.Array, params: Params, layer: _Layer) -> jax.Array:
+    """Official ``AttentionBlock``: one head over the pixels of each frame, frames apart."""
+    p = layer.name
+    b, c, t, h, w = x.shape
+    qkv = _causal_conv(_rms_norm(x, params[f"{p}.norm.gamma"]), params, f"{p}.to_qkv")
+    q, k, v = (a.reshape(b, c, t, h * w) for a in jnp.split(qkv, 3, axis=1))
+    logits = jnp.einsum("bctn,bctm->btnm", q, k) / math.sqrt(c)
+    out = jnp.einsum("btnm,bctm->bctn", jax.nn.softmax(logits, axis=-1), v)
+    return _causal_conv(out.reshape(b, c, t, h, w), params, f"{p}.proj") + x
+
+
+def _upsample(x: jax.Array, params: Params, layer: _Layer) -> jax.Array:
+    """Official ``Resample`` (``upsample2d`` / ``upsample3d``): time first, then space."""
+    if layer.kind == "upsample3d" and x.shape[2] > 1:
+        # The first frame passes once; the others, without it, go through time_conv, each
+        # giving two frames: the first and second halves of its 2C channels.
+        y = _causal_conv(x[:, :, 1:], params, f"{layer.name}.time_conv")
+        b, c2, t, h, w = y.shape
+        y = jnp.moveaxis(y.reshape(b, 2, c2 // 2, t, h, w), 1, 3).reshape(b, c2 // 2, 2 * t, h, w)
+        x = jnp.concatenate([x[:, :, :1], y], axis=2)
+    x = jnp.repeat(jnp.repeat(x, 2, axis=3), 2, axis=4)  # nearest-exact at scale 2
+    return _causal_conv(x, params, f"{layer.name}.resample.1")
+
+
+_FORWARD = {"residual": _residual, "attention": _attention,
+            "upsample2d": _upsample, "upsample3d": _upsample}
+
+
+def decode(params: Params, z: jax.Array, config: VAEConfig) -> jax.Array:
+    """Video ``[B, 3, 1 + 4 (T - 1), 8 h, 8 w]`` in ``[-1, 1]`` from a normalised latent.
+
+    ``z`` is ``[B, z_dim, T, h, w]``, as the DiT produces it (before the official
+    un-normalisation). Computes in ``z``'s dtype; shapes for other configs: :func:`video_shape`.
+    """
+    _check_latent_shape(config, tuple(z.shape))
+    mean = jnp.asarray(config.latent_mean, z.dtype).reshape(1, -1, 1, 1, 1)
+    inv_std = 1.0 / jnp.asarray(config.latent_std, z.dtype).reshape(1, -1, 1, 1, 1)
+    x = z / inv_std + mean  # the official scale is [mean, 1 / std]: divide, not multiply
+    x = _causal_conv(_causal_conv(x, params, "conv2"), params, "decoder.conv1")
+    mid = _middle_width(config)
+    x = _residual(x, params, _Layer("residual", "decoder.middle.0", mid, mid))
+    x = _attention(x, params, _Layer("attention", "decoder.middle.1", mid, mid))
+    x = _residual(x, params, _Layer("residual", "decoder.middle.2", mid, mid))
+    for layer in _upsample_layers(config):
+        x = _FORWARD[layer.kind](x, params, layer)
+    x = jax.nn.silu(_rms_norm(x, params["decoder.head.0.gamma"]))
+    return jnp.clip(_causal_conv(x, params, "decoder.head.2"), -1.0, 1.0)
+
+
+def _check_latent_shape(config: VAEConfig, shape: tuple[int, ...]) -> None:
+    if len(shape) != 5 or shape[1] != config.z_dim or min(shape) < 1:
+        raise AoizoraError(
+            f"Latent shape {shape} must be [B, z_dim={config.z_dim}, T, h, w] with every size "
+            f"at least 1, e.g. (1, {config.z_dim}, 21, 90, 160) for 81 frames at 720x1280."
+        )
