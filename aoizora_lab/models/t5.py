@@ -55,7 +55,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from aoizora_lab.errors import AoizoraError, is_whole
-from aoizora_lab.models.safetensors_io import load_safetensors
+from aoizora_lab.models.checkpoint import load_named
 
 Params = dict[str, jax.Array]
 
@@ -199,25 +199,8 @@ def load_encoder_params(source: Mapping[str, Any] | str | Path, config: T5Config
     time, as numpy has no torch bfloat16) or is a ``.safetensors`` path. Other keys (a
     fixture's inputs) are ignored; a missing or misshaped parameter is an error naming it.
     """
-    tensors = source if isinstance(source, Mapping) else load_safetensors(source)
-    params = {}
-    for name, shape in param_shapes(config).items():
-        if name not in tensors:
-            raise AoizoraError(
-                f"The checkpoint has no {name!r}; it holds {len(tensors)} tensors such as "
-                f"{sorted(tensors)[:3]}. Is it a UMT5 encoder checkpoint matching {config}?"
-            )
-        value = tensors[name]
-        if hasattr(value, "numpy"):  # a torch tensor
-            value = value.float().numpy() if hasattr(value, "float") else value.numpy()
-        value = np.asarray(value)
-        if value.shape != shape:
-            raise AoizoraError(
-                f"Official parameter {name!r} has shape {value.shape}, but {config} needs "
-                f"{shape}; is the config right for this checkpoint?"
-            )
-        params[name] = jnp.asarray(value, dtype)
-    return params
+    return load_named(source, param_shapes(config), what="a UMT5 encoder checkpoint", config=config,
+                      dtype=dtype)
 
 
 # ----------------------------------------------------------------------------- position bias

@@ -53,7 +53,7 @@ import numpy as np
 from jax import lax
 
 from aoizora_lab.errors import AoizoraError, is_whole
-from aoizora_lab.models.safetensors_io import load_safetensors
+from aoizora_lab.models.checkpoint import load_named
 
 Params = dict[str, jax.Array]
 
@@ -290,23 +290,8 @@ def load_decoder_params(source: Mapping[str, Any] | str | Path, config: VAEConfi
     encoder, a fixture's inputs) are ignored; a missing or misshaped parameter is an error
     naming it.
     """
-    tensors = source if isinstance(source, Mapping) else load_safetensors(source)
-    params = {}
-    for name, shape in param_shapes(config).items():
-        if name not in tensors:
-            raise AoizoraError(
-                f"The checkpoint has no {name!r}; it holds {len(tensors)} tensors such as "
-                f"{sorted(tensors)[:3]}. Is it a Wan VAE checkpoint matching {config}?"
-            )
-        value = tensors[name]
-        value = np.asarray(value.numpy() if hasattr(value, "numpy") else value, np.float32)
-        if value.shape != shape:
-            raise AoizoraError(
-                f"Official parameter {name!r} has shape {value.shape}, but {config} needs "
-                f"{shape}; is the config right for this checkpoint?"
-            )
-        params[name] = jnp.asarray(value, dtype)
-    return params
+    return load_named(source, param_shapes(config), what="a Wan VAE checkpoint", config=config,
+                      dtype=dtype)
 
 
 # ----------------------------------------------------------------------------- forward
