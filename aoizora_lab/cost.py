@@ -27,18 +27,28 @@ flight together form a group (asynchronous windows that overlap, and synchronous
 issued inside such a window); a group's members share the links, so they are priced together::
 
     group time  = max(window compute + synchronous members, joint link time)
-    exposed     = group time - window compute        (per run, times the runs per step)
+    exposed     = max(group time - window compute,   (per run, times the runs per step)
+                      synchronous members + (1 - overlap) x asynchronous members)
     joint time  = max(slowest member alone, busiest link of the members' summed loads)
     total       = compute + sum of exposed over groups
 
+``overlap`` (``ModelOptions.overlap``, default 1) is the share of its asynchronous members'
+time that compute can hide at most; at 1 the second term never binds.
+
 Worked example: a weight all-gather of 3 ms starts before a 2 ms matmul and is waited for
-after it: 1 ms is exposed. Started before a 5 ms matmul it hides entirely. A 1 ms synchronous
+after it: 1 ms is exposed. Started before a 5 ms matmul it hides entirely (with ``overlap =
+0.77``, 0.69 ms of it stays exposed however long the matmul). A 1 ms synchronous
 all-to-all issued inside that 2 ms window adds 1 ms of compute-stream time and shares links
 with the gather: the group takes ``max(2 + 1, joint)`` with ``joint >= 3``, so 1 ms of the
 pair is exposed at best.
 
 :meth:`Predicted.overlapped` keeps the pooled rule (``compute + sync + max(0, async -
 compute)``) for IR estimates, which have no schedule: there it is an optimistic estimate.
+
+**Ensembles** (:func:`predict_draws`): the same rules under many draws of the uncertain
+constants at once (:class:`Constants` holds one array per constant), from what :func:`predict`
+keeps on disk: each collective's per-phase busiest-link bytes and hops, each group's window
+ops. :func:`predict` is its one-draw case (:func:`_exposure` serves both).
 """
 
 from __future__ import annotations

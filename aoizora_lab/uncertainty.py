@@ -13,7 +13,8 @@ An :class:`Ensemble` draws every spread and choice together, ``count`` times fro
 the same draws for every program of a comparison (so a plan and a system are compared under
 the same model, draw by draw). :func:`price` prices one compiled program on one placement
 under all draws in one pass (:func:`aoizora_lab.cost.predict_draws`: the ICI estimate is
-worked out once per choice of device-order model, each draw is array arithmetic), so a plan's
+worked out once per choice of device-order model and kept on disk, each draw is array
+arithmetic), so a plan's
 uncertainty costs seconds, not compiles; placements are those the search found with the
 default model, priced again per draw. :func:`assess` turns a plan into intervals: each
 candidate's median and 80 % interval, against each system the probability that the plan is
@@ -24,9 +25,13 @@ If in 240 of 256 draws the plan is faster, ``P(plan faster) = 0.94``; if the spe
 and 90th percentiles are 0.99x and 1.08x, the 80 % interval straddles 1: the model's own
 uncertainty could reverse the answer, and the table says so.
 
-A constant that a calibration file or an override set (``ChipSpec.source``) is taken as
-known: its spread is not drawn. Draws are uniform between ``low`` and ``high``, or
-log-uniform where the range spans a factor of 3 or more.
+A constant that a calibration file or an override set is taken as known: its spread is not
+drawn (:func:`known_constants`). Draws are uniform between ``low`` and ``high``, or
+log-uniform where the range spans a factor of 3 or more. Several defaults lie at an end of
+their range (the compiler's own pricing, or the book's figure, as the only published value on
+that side), so an ensemble's median need not be the default model's step, which can even lie
+outside its own 80 % interval: the interval says where the step may be, the default what the
+plan was searched with.
 """
 
 from __future__ import annotations
@@ -41,7 +46,7 @@ import numpy as np
 from aoizora_lab.comm_model import ModelOptions
 from aoizora_lab.cost import COMPUTE_MODELS, Constants, predict_draws
 from aoizora_lab.errors import AoizoraError
-from aoizora_lab.hardware import ChipSpec, chip_spec, device_spec
+from aoizora_lab.hardware import ChipSpec, chip_spec, device_spec, load_calibration
 from aoizora_lab.records import Records
 from aoizora_lab.topology import Topology
 
@@ -209,17 +214,16 @@ class Ensemble:
 
     def constants(self, topology: Topology, chip: ChipSpec | None = None) -> Constants:
         """One device's constants under every draw (arrays ``[count]``): the spreads that
-        apply to the generation, where ``chip`` holds the default value; the others fixed."""
+        apply to the generation, except the constants :func:`known_constants` names, which
+        keep ``chip``'s value."""
+        known = known_constants(topology.generation, chip)
         chip = device_spec(topology, chip)
-        default = device_spec(topology, chip_spec(topology.generation, calibrated=False))
         base = Constants.of(chip)
         values = {name: getattr(base, name) for name in Constants.__dataclass_fields__}
         units, _ = self.units()
         for index, spread in enumerate(self.spreads):
             applies = not spread.generations or topology.generation in spread.generations
-            known = spread.name != "overlap" and \
-                getattr(chip, spread.name) != getattr(default, spread.name)
-            if applies and not known:
+            if applies and spread.name not in known:
                 values[spread.name] = spread.values(units[:, index], values[spread.name])
         return Constants(**values)
 
@@ -245,6 +249,26 @@ class Ensemble:
         for index, choice in enumerate(self.choices):
             frame[choice.name] = [choice.values[i] for i in picks[:, index]]
         return frame
+
+
+LINK_RATE = frozenset({"ici_link_bandwidth", "ici_efficiency"})
+"""Constants a measurement can only pin down together: a calibration fits the achieved link
+rate (bandwidth x efficiency), so knowing either fixes both."""
+
+
+def known_constants(generation: str, chip: ChipSpec | None = None) -> frozenset[str]:
+    """The constants taken as known, so not drawn: those the generation's calibration file
+    sets (whatever their value, the default's included) and those ``chip`` overrides beyond
+    it; either of :data:`LINK_RATE` fixes both."""
+    calibrated = chip_spec(generation)
+    fields = set(load_calibration(generation).get("overrides", {}))
+    if chip is not None:
+        fields |= {name for name in Constants.__dataclass_fields__
+                   if name in ChipSpec.__dataclass_fields__
+                   and getattr(chip, name) != getattr(calibrated, name)}
+    if fields & LINK_RATE:
+        fields |= LINK_RATE
+    return frozenset(fields)
 
 
 DEFAULT_ENSEMBLE = Ensemble()
@@ -344,7 +368,16 @@ class Assessment(Records[Option]):
         self.plan = plan
         self.odds = tuple(odds)
         self.ensemble = ensemble
+        # Chosen over every option once: a slice of the rows (a table's top) keeps the marks.
         self._regrets = self._worst_regrets()
+        searched = self._searched()
+        self.median_winner = min(searched, key=lambda o: o.median_s).label if searched else ""
+        """The option placed by the search with the lowest median step."""
+        self.robust = min(searched, key=lambda o: o.high_s).label if searched else ""
+        """The option placed by the search with the lowest 90th-percentile step."""
+        self.least_regret = (min(self._regrets, key=self._regrets.__getitem__)
+                             if self._regrets else "")
+        """The option placed by the search whose worst regret over the draws is least."""
 
     def _searched(self) -> list[Option]:
         return [o for o in self if o.role in ("search", "setup")]
@@ -361,24 +394,6 @@ class Assessment(Records[Option]):
         steps = np.stack([o.steps for o in options])
         worst = (steps - steps.min(axis=0)).max(axis=1)
         return {o.label: float(w) for o, w in zip(options, worst, strict=True)}
-
-    @property
-    def median_winner(self) -> str:
-        """The option placed by the search with the lowest median step."""
-        options = self._searched()
-        return min(options, key=lambda o: o.median_s).label if options else ""
-
-    @property
-    def robust(self) -> str:
-        """The option placed by the search with the lowest 90th-percentile step."""
-        options = self._searched()
-        return min(options, key=lambda o: o.high_s).label if options else ""
-
-    @property
-    def least_regret(self) -> str:
-        """The option placed by the search whose worst regret over the draws is least."""
-        regrets = self._regrets
-        return min(regrets, key=regrets.__getitem__) if regrets else ""
 
     @property
     def differs(self) -> bool:
@@ -414,9 +429,11 @@ class Assessment(Records[Option]):
     def drivers(self, topology: Topology, chip: ChipSpec | None = None,
                 against: str | None = None) -> pd.DataFrame:
         """What moves the answer: per drawn constant and choice, how the plan's speedup over
-        ``against`` (default: the fastest system, else the runner-up option) follows it --
-        the rank correlation for a constant, the median speedup per alternative for a
-        choice. Largest effect first."""
+        ``against`` (default: the fastest system, else the runner-up option) follows it.
+        Constants first, by their rank correlation with the speedup (``effect``, -1 .. 1; 0
+        where the constant or the speedup does not vary), the strongest first; then choices,
+        by the spread of the median speedup over their alternatives (``effect``, in speedup
+        units: not comparable with a correlation)."""
         import pandas as pd
 
         plan = self.option(self.plan)
@@ -425,8 +442,7 @@ class Assessment(Records[Option]):
         frame = self.ensemble.draws_frame(topology, chip)
         rows = []
         for spread in self.ensemble.spreads:
-            values = frame[spread.name].to_numpy(dtype=float)
-            effect = _rank_correlation(values, ratio) if (values != values[0]).any() else 0.0
+            effect = _rank_correlation(frame[spread.name].to_numpy(dtype=float), ratio)
             rows.append({"name": spread.name, "kind": "constant", "effect": effect,
                          "detail": f"rank correlation with {other.label} / plan"})
         for choice in self.ensemble.choices:
@@ -436,8 +452,9 @@ class Assessment(Records[Option]):
             rows.append({"name": choice.name, "kind": "choice", "effect": effect,
                          "detail": ", ".join(f"{v}: {m:.3f}x" for v, m in medians.items())})
         out = pd.DataFrame(rows)
-        return out.reindex(out["effect"].abs().sort_values(ascending=False).index) \
-            .reset_index(drop=True)
+        out["strength"] = out["effect"].abs()
+        return out.sort_values(["kind", "strength"], ascending=[False, False],
+                               kind="stable").drop(columns="strength").reset_index(drop=True)
 
     def summary(self, topology: Topology, chip: ChipSpec | None = None) -> list[str]:
         """The assessment in a few lines for people: the plan's interval, its odds against
@@ -458,10 +475,13 @@ class Assessment(Records[Option]):
                             ("least worst-case regret", self.least_regret)):
             lines.append(f"{name}: {label}")
         if len(self) > 1:
-            drivers = self.drivers(topology, chip).head(3)
+            drivers = self.drivers(topology, chip)
+            constants = drivers[drivers["kind"] == "constant"].head(3)
+            choices = drivers[drivers["kind"] == "choice"]
             lines.append("what moves the speedup most: " + ", ".join(
-                f"{r['name']} ({r['effect']:+.2f})" if r["kind"] == "constant"
-                else f"{r['name']} ({r['detail']})" for _, r in drivers.iterrows()))
+                f"{r['name']} (rank correlation {r['effect']:+.2f})"
+                for _, r in constants.iterrows()) + "; choices: " + "; ".join(
+                f"{r['name']} ({r['detail']})" for _, r in choices.iterrows()))
         return lines
 
     def _opponent(self, against: str | None) -> Option:
@@ -477,12 +497,13 @@ class Assessment(Records[Option]):
 
 
 def _rank_correlation(a: np.ndarray, b: np.ndarray) -> float:
-    """Spearman's rank correlation of two samples (ties broken by position)."""
-    ranks_a = np.argsort(np.argsort(a)).astype(float)
-    ranks_b = np.argsort(np.argsort(b)).astype(float)
-    if np.ptp(ranks_a) == 0 or np.ptp(ranks_b) == 0:
+    """Spearman's rank correlation of two samples (tied values share their average rank); 0
+    where either does not vary."""
+    from scipy.stats import rankdata
+
+    if np.all(a == a[0]) or np.all(b == b[0]):
         return 0.0
-    return float(np.corrcoef(ranks_a, ranks_b)[0, 1])
+    return float(np.corrcoef(rankdata(a), rankdata(b))[0, 1])
 
 
 def odds(plan: np.ndarray, system: np.ndarray) -> tuple[float, tuple[float, float, float]]:

@@ -85,10 +85,11 @@ def test_plan_quality_compares_the_plan_with_every_existing_system(quality):
     assert row["vs_best_system_p10"] <= row["vs_best_system_p90"]
     assert row["searched_p10_s"] <= row["searched_p90_s"]
     assert 0 <= row["p_plan_faster"] <= 1
+    slack = 1 / 256  # the quantiles interpolate between draws
     if row["vs_best_system_p10"] > 1:  # 90 % of draws faster at least
-        assert row["p_plan_faster"] >= 0.9
+        assert row["p_plan_faster"] >= 0.9 - slack
     if row["vs_best_system_p90"] < 1:
-        assert row["p_plan_faster"] <= 0.1
+        assert row["p_plan_faster"] <= 0.1 + slack
     assert row["robust_choice"] and row["median_winner"] and row["least_regret_choice"]
     section = quality.markdown()
     assert "**The robust choice.**" in section and "p_plan_faster" in section

@@ -144,6 +144,7 @@ def test_the_plan_is_assessed_under_an_ensemble_and_printed_with_its_odds(planne
                                                                          monkeypatch):
     from aoizora_lab import cli, planner
     from aoizora_lab.uncertainty import Ensemble, assess, price
+    from aoizora_lab.uncertainty import odds as both
 
     ensemble = Ensemble(count=64, seed=3)
     assessment = assess(planned, ensemble)
@@ -157,8 +158,8 @@ def test_the_plan_is_assessed_under_an_ensemble_and_printed_with_its_odds(planne
     assert {o.system for o in assessment.odds} == set(planned.baselines.plans)
     for odds in assessment.odds:
         system = next(o for o in assessment if o.role == odds.system)
-        assert odds.probability == pytest.approx(np.mean(mine.steps < system.steps)
-                                                 + 0.5 * np.mean(mine.steps == system.steps))
+        # Each system's odds are the plan's draws against that system's own, draw by draw.
+        assert (odds.probability, odds.speedup) == both(mine.steps, system.steps)
         assert odds.point == pytest.approx(planned.headline.systems[odds.system]
                                            / planned.headline.own_s)
         assert odds.speedup[0] <= odds.speedup[1] <= odds.speedup[2]

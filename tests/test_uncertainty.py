@@ -77,7 +77,6 @@ def test_the_die_to_die_path_is_drawn_on_tpu7x_and_priced_as_one_model():
     assert np.ptp(constants.intra_chip_bandwidth) > 0
     steps = price(program, topology, None, ensemble)
     _, picks = ensemble.units()
-    base = az.hardware.device_spec(topology)
     for index in range(ensemble.count):
         drawn = _draw(constants, index)
         chip = chip_spec("tpu7x").replace(**{k: v for k, v in drawn.items()
@@ -85,7 +84,6 @@ def test_the_die_to_die_path_is_drawn_on_tpu7x_and_priced_as_one_model():
         order = CHOICES[1].values[picks[index, 1]]
         alone = predict(program, topology, None, chip=chip, options=ModelOptions(order=order))
         assert steps[index] == pytest.approx(alone.total_s, rel=1e-9)
-    assert base.intra_chip_bandwidth == chip_spec("tpu7x").intra_chip_bandwidth
 
 
 def test_a_known_ranking_comes_out_near_certain():
@@ -129,6 +127,39 @@ def test_the_robust_choice_is_named_where_it_is_not_the_median_winner():
     frame = steady.to_frame()
     assert list(frame["label"]) == ["wide", "narrow"]  # fastest median first
     assert frame.set_index("label").loc["narrow", "robust"]
+    assert steady.least_regret == min(regret, key=regret.get)
+    # A table's top rows keep the marks chosen over every option.
+    top = steady[:1].to_frame()
+    assert list(top["label"]) == ["wide"] and not top["robust"].any()
+
+
+def test_the_same_program_twice_is_an_even_tie():
+    steps = price(_program(), TOPOLOGY, None, Ensemble(count=16))
+    probability, speedup = odds(steps, steps.copy())
+    assert probability == 0.5 and speedup == (1.0, 1.0, 1.0)
+
+
+def test_the_drivers_name_what_moves_the_speedup_with_its_direction():
+    from aoizora_lab.hlo import CommProgram, ComputeOp
+
+    # The plan is all attention, the system all gather: the plan's speedup rises with the
+    # kernel's efficiency and falls as the links get faster; memory-bound ops play no part.
+    attention = CommProgram((), 16, ops=(ComputeOp(flops=2e13, hbm_bytes=0.0, runs=1,
+                                                   outer_trips=0, op_class="attention"),))
+    gather = CommProgram((az.Collective("all-gather", [list(range(16))], bytes=1e9),), 16)
+    ensemble = Ensemble(count=256, seed=4)
+    plan = price(attention, TOPOLOGY, None, ensemble)
+    system = price(gather, TOPOLOGY, None, ensemble)
+    sure = Assessment([Option("plan", "search", 1.0, plan),
+                       Option("system: gather", "system", 1.0, system)], plan="plan",
+                      ensemble=ensemble)
+    drivers = sure.drivers(TOPOLOGY).set_index("name")
+    assert drivers.loc["attention_efficiency", "effect"] > 0.5
+    assert drivers.loc["ici_efficiency", "effect"] < 0
+    assert drivers.loc["hbm_efficiency", "effect"] == pytest.approx(0.0, abs=0.2)
+    assert drivers.loc["intra_chip_bandwidth", "effect"] == 0.0  # not drawn on v5e
+    kinds = list(sure.drivers(TOPOLOGY)["kind"])
+    assert kinds == sorted(kinds, key=lambda k: k != "constant")  # constants, then choices
 
 
 def test_every_default_lies_in_its_spread_and_every_spread_names_a_source():
@@ -143,12 +174,22 @@ def test_every_default_lies_in_its_spread_and_every_spread_names_a_source():
     assert set(frame["name"]) == {s.name for s in SPREADS} | {c.name for c in CHOICES}
 
 
-def test_a_calibrated_constant_is_known_and_not_drawn(_no_user_calibration):
-    az.hardware.save_calibration("v5e", {"attention_efficiency": 0.61},
-                                 _no_user_calibration)
+def test_a_calibrated_constant_is_known_and_not_drawn_even_at_its_default(
+        _no_user_calibration):
+    default = chip_spec("v5e", calibrated=False)
+    # What measure.calibrate writes: the fitted efficiency beside the nominal bandwidth, and a
+    # compute fit that came out at the default (clipped at 1).
+    az.hardware.save_calibration("v5e", {"attention_efficiency": 0.61, "ici_efficiency": 0.889,
+                                         "ici_link_bandwidth": default.ici_link_bandwidth,
+                                         "matmul_efficiency": 1.0}, _no_user_calibration)
     constants = Ensemble(count=8).constants(TOPOLOGY)
     assert float(constants.attention_efficiency) == 0.61
-    assert np.ptp(constants.ici_efficiency) > 0
+    assert float(constants.matmul_efficiency) == 1.0
+    assert float(constants.link_rate) == pytest.approx(default.ici_link_bandwidth * 0.889)
+    assert np.ptp(constants.ici_hop_latency) > 0 and np.ptp(constants.hbm_efficiency) > 0
+    # An override beyond the file is known too; the rest is drawn.
+    overridden = Ensemble(count=8).constants(TOPOLOGY, chip_spec("v5e", ici_hop_latency=2e-6))
+    assert float(overridden.ici_hop_latency) == 2e-6 and np.ptp(overridden.hbm_efficiency) > 0
 
 
 @pytest.mark.parametrize(("kwargs", "words"), [

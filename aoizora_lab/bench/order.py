@@ -554,7 +554,8 @@ class DeviceOrderCheck:
             "bytes under the default model. How sure: `ratio_p10` / `ratio_p90`, the 80 % "
             "interval of the ratio under the 256 draws of `uncertainty.DEFAULT_ENSEMBLE` "
             "(both orders under the same draws, which draw the order model, `compiler` or "
-            "`logical`, with the link constants), and `p_reaches`, the share of draws whose "
+            "`logical`, with the link constants; each side priced as `cost.predict` prices "
+            "it, at least its HBM time), and `p_reaches`, the share of draws whose "
             "ratio reaches the published one. Rows whose `note` says *not the measured setup* "
             "are predictions for today's JAX, not counted.",
             markdown_table(shown),
