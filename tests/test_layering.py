@@ -20,7 +20,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("topology",),
     ("comm_model",),
     ("models", "models.attention", "models.safetensors_io", "models.parallel", "models.wan",
-     "models.checkpoint", "models.vae", "models.t5"),
+     "models.config", "models.checkpoint", "models.vae", "models.vae22", "models.t5"),
     # what is planned
     ("aoizora_lab", "workload", "cases"),
     # the pipeline, stage by stage

@@ -54,6 +54,7 @@ from jax import lax
 
 from aoizora_lab.errors import AoizoraError, is_whole
 from aoizora_lab.models.checkpoint import load_named
+from aoizora_lab.models.config import freeze_fields
 
 Params = dict[str, jax.Array]
 
@@ -97,17 +98,9 @@ class VAEConfig:
     """Per-channel standard deviation that :func:`decode` multiplies back."""
 
     def __post_init__(self) -> None:
-        for name, kind in (("dim_mult", int), ("attn_scales", float),
-                           ("temperal_downsample", bool), ("latent_mean", float),
-                           ("latent_std", float)):
-            value = getattr(self, name)
-            try:
-                object.__setattr__(self, name, tuple(kind(v) for v in value))
-            except (TypeError, ValueError):
-                raise AoizoraError(
-                    f"VAEConfig.{name}={value!r} must be a sequence of {kind.__name__}s, e.g. "
-                    f"{getattr(VAEConfig, name)!r}."
-                ) from None
+        freeze_fields(self, {"dim_mult": int, "attn_scales": float,
+                             "temperal_downsample": bool, "latent_mean": float,
+                             "latent_std": float})
         self.validate()
 
     def validate(self) -> None:
@@ -183,6 +176,13 @@ def _upsample_layers(config: VAEConfig) -> list[_Layer]:
     return layers
 
 
+def _middle_layers(width: int) -> list[_Layer]:
+    """``decoder.middle``: residual block, attention, residual block, all ``width`` wide."""
+    return [_Layer("residual", "decoder.middle.0", width, width),
+            _Layer("attention", "decoder.middle.1", width, width),
+            _Layer("residual", "decoder.middle.2", width, width)]
+
+
 def _middle_width(config: VAEConfig) -> int:
     return config.dim * config.dim_mult[-1]
 
@@ -197,10 +197,7 @@ def param_shapes(config: VAEConfig) -> dict[str, tuple[int, ...]]:
     shapes: dict[str, tuple[int, ...]] = {}
     _conv(shapes, "conv2", z, z, (1, 1, 1))
     _conv(shapes, "decoder.conv1", z, mid, (3, 3, 3))
-    middle = [_Layer("residual", "decoder.middle.0", mid, mid),
-              _Layer("attention", "decoder.middle.1", mid, mid),
-              _Layer("residual", "decoder.middle.2", mid, mid)]
-    for layer in middle + _upsample_layers(config):
+    for layer in _middle_layers(mid) + _upsample_layers(config):
         _LAYER_SHAPES[layer.kind](shapes, layer)
     out = _out_width(config)
     shapes["decoder.head.0.gamma"] = (out, 1, 1, 1)
@@ -264,7 +261,11 @@ def init_decoder_params(config: VAEConfig, key: jax.Array, dtype: Any = jnp.floa
     values in range for timing and sharding work; it is not the official initialisation. All
     weights come from one normal draw, cut up: a draw per weight compiles a generator per shape.
     """
-    shapes = param_shapes(config)
+    return _random_params(param_shapes(config), key, dtype)
+
+
+def _random_params(shapes: Mapping[str, tuple[int, ...]], key: jax.Array, dtype: Any) -> Params:
+    """:func:`init_decoder_params`'s draw for any official names and shapes (also Wan 2.2's)."""
     total = sum(math.prod(s) for n, s in shapes.items() if not n.endswith((".gamma", ".bias")))
     flat = np.asarray(jax.random.normal(key, (total,), jnp.float32))
     params, offset = {}, 0
@@ -365,18 +366,20 @@ def decode(params: Params, z: jax.Array, config: VAEConfig) -> jax.Array:
     un-normalisation). Computes in ``z``'s dtype; shapes for other configs: :func:`video_shape`.
     """
     _check_latent_shape(config, tuple(z.shape))
-    mean = jnp.asarray(config.latent_mean, z.dtype).reshape(1, -1, 1, 1, 1)
-    inv_std = 1.0 / jnp.asarray(config.latent_std, z.dtype).reshape(1, -1, 1, 1, 1)
-    x = z / inv_std + mean  # the official scale is [mean, 1 / std]: divide, not multiply
+    x = _unnormalise(z, config.latent_mean, config.latent_std)
     x = _causal_conv(_causal_conv(x, params, "conv2"), params, "decoder.conv1")
-    mid = _middle_width(config)
-    x = _residual(x, params, _Layer("residual", "decoder.middle.0", mid, mid))
-    x = _attention(x, params, _Layer("attention", "decoder.middle.1", mid, mid))
-    x = _residual(x, params, _Layer("residual", "decoder.middle.2", mid, mid))
-    for layer in _upsample_layers(config):
+    for layer in _middle_layers(_middle_width(config)) + _upsample_layers(config):
         x = _FORWARD[layer.kind](x, params, layer)
     x = jax.nn.silu(_rms_norm(x, params["decoder.head.0.gamma"]))
     return jnp.clip(_causal_conv(x, params, "decoder.head.2"), -1.0, 1.0)
+
+
+def _unnormalise(z: jax.Array, latent_mean: tuple[float, ...],
+                 latent_std: tuple[float, ...]) -> jax.Array:
+    """The official ``z / scale[1] + scale[0]`` with ``scale = [mean, 1 / std]``."""
+    mean = jnp.asarray(latent_mean, z.dtype).reshape(1, -1, 1, 1, 1)
+    inv_std = 1.0 / jnp.asarray(latent_std, z.dtype).reshape(1, -1, 1, 1, 1)
+    return z / inv_std + mean  # divide by 1 / std, not multiply by std: the official rounding
 
 
 def _check_latent_shape(config: VAEConfig, shape: tuple[int, ...]) -> None:

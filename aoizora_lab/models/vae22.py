@@ -1,0 +1,313 @@
+"""Wan 2.2 video VAE decoder (the TI2V-5B VAE) in JAX, faithful to the official ``vae2_2.py``.
+
+Source: github.com/Wan-Video/Wan2.2, ``wan/modules/vae2_2.py`` at commit
+42bf4cfaa384bc21833865abc2f9e6c0e67233dc (``Wan2_2_VAE.decode``, ``WanVAE_.decode``,
+``Decoder3d``, ``Up_ResidualBlock``, ``DupUp3D``, ``unpatchify``); ``tests/data/wan22_vae_tiny.*``
+is a golden output of that code (``tools/make_vae22_fixture.py``). The blocks it shares with
+Wan 2.1 (causal conv, RMS norm, residual block, attention, ``Resample``) come from
+:mod:`aoizora_lab.models.vae`.
+
+:func:`decode` maps a normalised latent video ``z`` ``[B, 48, T, h, w]`` (what the DiT
+produces) to RGB video ``[B, 3, 1 + 4 (T - 1), 16 h, 16 w]`` in ``[-1, 1]``:
+
+1. un-normalise per channel, ``z / (1 / std) + mean``, then ``conv2`` (1x1x1);
+2. ``Decoder3d``: causal 3x3x3 ``conv1``; middle = residual block, single-head attention over
+   each frame's pixels, residual block (as Wan 2.1); then per level an ``Up_ResidualBlock``:
+   ``num_res_blocks + 1`` residual blocks and, except on the last level, a ``Resample`` that
+   keeps the width (Wan 2.1's halves it) -- ``upsample3d`` doubles the frames first, as in
+   Wan 2.1 -- plus a parameter-free ``DupUp3D`` shortcut from the level's input (below);
+3. head: RMS norm, SiLU, causal 3x3x3 conv to 12 = 3 x 2 x 2 channels; ``unpatchify`` turns
+   them into 3 channels at twice the height and width; clamp to ``[-1, 1]``.
+
+The official decode runs the decoder one latent frame at a time with a ``feat_cache``; every
+causal conv then equals one conv over the whole sequence with 2 zero frames in front, and the
+time upsampler skips its ``time_conv`` on the first chunk and runs it uncached on the second,
+so the first frame passes once and the conv never sees it (all as in Wan 2.1, see
+:mod:`aoizora_lab.models.vae`). ``DupUp3D`` is new: it copies each input channel
+``out * f_t * 4 / in`` times, then reads the copies as ``[out, f_t, 2, 2]`` (time phase, row,
+column), so a phase or pixel may come from a different input channel (1024 -> 512 with
+``f_t = 1`` in TI2V-5B: row offset ``a`` of channel ``o`` is input channel ``2 o + a``; the two
+time-doubling levels keep 1024 channels, so there every copy is the same channel). The
+official decode passes ``first_chunk=True`` for the first latent frame, which keeps only the
+last time phase of that frame; here that is the full ``DupUp3D`` over all frames with its first
+``f_t - 1`` output frames dropped, ``T -> 1 + f_t (T - 1)``, matching the main path.
+
+``unpatchify`` is ``b (c r q) f h w -> b c f (h q) (w r)``: channel ``4 c + 2 r + q`` gives
+row offset ``q`` and column offset ``r`` (the column offset is the slower one).
+
+Shapes for TI2V-5B at 1280x704, 121 frames (the :meth:`VAE22Config.wan22` preset; the
+pipeline's latent is ``[48, (121 - 1) // 4 + 1, 704 // 16, 1280 // 16]``), latent
+``[1, 48, 31, 44, 80]``: ``conv1`` and middle -> ``[1, 1024, 31, 44, 80]``; level 0 (1024,
+time and space) -> ``[1, 1024, 61, 88, 160]``; level 1 (1024, time and space) ->
+``[1, 1024, 121, 176, 320]``; level 2 (1024 -> 512, space) -> ``[1, 512, 121, 352, 640]``;
+level 3 (512 -> 256) -> ``[1, 256, 121, 352, 640]``; head -> ``[1, 12, 121, 352, 640]``;
+unpatchify -> video ``[1, 3, 121, 704, 1280]``.
+
+Layout: activations NCDHW and parameters under the official state-dict names, shapes and
+layouts (``decoder.upsamples.{level}.upsamples.{block}...``), as in the Wan 2.1 module.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from aoizora_lab.errors import AoizoraError, is_whole
+from aoizora_lab.models.checkpoint import load_named
+from aoizora_lab.models.config import freeze_fields
+from aoizora_lab.models.vae import (
+    _FORWARD,
+    Params,
+    _attention_shapes,
+    _causal_conv,
+    _conv,
+    _Layer,
+    _middle_layers,
+    _random_params,
+    _residual_shapes,
+    _rms_norm,
+    _unnormalise,
+    _upsample_shapes,
+)
+
+# Per-channel statistics of the Wan 2.2 latent (official ``Wan2_2_VAE.__init__``).
+WAN22_LATENT_MEAN = (
+    -0.2289, -0.0052, -0.1323, -0.2339, -0.2799, 0.0174, 0.1838, 0.1557,
+    -0.1382, 0.0542, 0.2813, 0.0891, 0.1570, -0.0098, 0.0375, -0.1825,
+    -0.2246, -0.1207, -0.0698, 0.5109, 0.2665, -0.2108, -0.2158, 0.2502,
+    -0.2055, -0.0322, 0.1109, 0.1567, -0.0729, 0.0899, -0.2799, -0.1230,
+    -0.0313, -0.1649, 0.0117, 0.0723, -0.2839, -0.2083, -0.0520, 0.3748,
+    0.0152, 0.1957, 0.1433, -0.2944, 0.3573, -0.0548, -0.1681, -0.0667,
+)
+WAN22_LATENT_STD = (
+    0.4765, 1.0364, 0.4514, 1.1677, 0.5313, 0.4990, 0.4818, 0.5013,
+    0.8158, 1.0344, 0.5894, 1.0901, 0.6885, 0.6165, 0.8454, 0.4978,
+    0.5759, 0.3523, 0.7135, 0.6804, 0.5833, 1.4146, 0.8986, 0.5659,
+    0.7069, 0.5338, 0.4889, 0.4917, 0.4069, 0.4999, 0.6866, 0.4093,
+    0.5709, 0.6065, 0.6415, 0.4944, 0.5726, 1.2042, 0.5458, 1.6887,
+    0.3971, 1.0600, 0.3943, 0.5537, 0.5444, 0.4089, 0.7468, 0.7744,
+)
+PATCH_SIZE = 2
+"""The official ``unpatchify(out, patch_size=2)``; the head's 12 channels are 3 x 2 x 2."""
+
+
+@dataclass(frozen=True)
+class VAE22Config:
+    """Wan 2.2 VAE decoder hyper-parameters, named as the official ``WanVAE_`` arguments.
+
+    The defaults are the released TI2V-5B VAE (``Wan2.2_VAE.pth``), spelled out by
+    :meth:`wan22`. The encoder's width (``dim``, 160) is not the decoder's and is not needed.
+    """
+
+    dec_dim: int = 256
+    """Decoder base width; level widths are ``dec_dim * dim_mult`` (official default 256)."""
+    z_dim: int = 48
+    """Latent channels."""
+    dim_mult: tuple[int, ...] = (1, 2, 4, 4)
+    """Width multipliers per encoder level; the decoder walks them in reverse."""
+    num_res_blocks: int = 2
+    """Residual blocks per encoder level; the decoder has one more per level."""
+    temperal_downsample: tuple[bool, ...] = (False, True, True)
+    """Whether each encoder downsampler halves time (official spelling; ``Wan2_2_VAE`` passes
+    (False, True, True)). The decoder upsamples time where the reversed tuple says so."""
+    latent_mean: tuple[float, ...] = WAN22_LATENT_MEAN
+    """Per-channel mean that :func:`decode` adds back to the normalised latent."""
+    latent_std: tuple[float, ...] = WAN22_LATENT_STD
+    """Per-channel standard deviation that :func:`decode` multiplies back."""
+
+    def __post_init__(self) -> None:
+        freeze_fields(self, {"dim_mult": int, "temperal_downsample": bool,
+                             "latent_mean": float, "latent_std": float})
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise :class:`AoizoraError` on values the official decoder cannot be built with."""
+        for name, minimum in (("dec_dim", 1), ("z_dim", 1), ("num_res_blocks", 0)):
+            if not is_whole(getattr(self, name), minimum=minimum):
+                raise AoizoraError(
+                    f"VAE22Config.{name}={getattr(self, name)!r} must be an integer >= "
+                    f"{minimum}."
+                )
+        if not self.dim_mult or min(self.dim_mult) < 1:
+            raise AoizoraError(
+                f"VAE22Config.dim_mult={self.dim_mult} must hold positive multipliers, "
+                "e.g. (1, 2, 4, 4)."
+            )
+        if len(self.temperal_downsample) != len(self.dim_mult) - 1:
+            raise AoizoraError(
+                f"VAE22Config.temperal_downsample={self.temperal_downsample} needs one flag per "
+                f"resampler, len(dim_mult) - 1 = {len(self.dim_mult) - 1}."
+            )
+        for level in _levels(self):
+            if level.shortcut_t and (level.out_dim * level.shortcut_t * 4) % level.in_dim:
+                raise AoizoraError(
+                    f"VAE22Config.dim_mult={self.dim_mult}: decoder level {level.index} goes "
+                    f"from {level.in_dim} to {level.out_dim} channels, which the official "
+                    "DupUp3D cannot (out * factor must be a multiple of in)."
+                )
+        for name in ("latent_mean", "latent_std"):
+            if len(getattr(self, name)) != self.z_dim:
+                raise AoizoraError(
+                    f"VAE22Config.{name} has {len(getattr(self, name))} values; it needs one "
+                    f"per latent channel (z_dim={self.z_dim})."
+                )
+        if min(self.latent_std) <= 0:
+            raise AoizoraError(f"VAE22Config.latent_std={self.latent_std} must all be positive.")
+
+    @classmethod
+    def wan22(cls) -> VAE22Config:
+        """The released Wan 2.2 VAE of TI2V-5B (``Wan2.2_VAE.pth``, official ``Wan2_2_VAE``)."""
+        return cls(dec_dim=256, z_dim=48, dim_mult=(1, 2, 4, 4), num_res_blocks=2,
+                   temperal_downsample=(False, True, True))
+
+    @property
+    def temperal_upsample(self) -> tuple[bool, ...]:
+        """Whether each decoder upsampler doubles time (the official reversal of downsample)."""
+        return self.temperal_downsample[::-1]
+
+
+# ----------------------------------------------------------------------------- structure
+
+class _Level(NamedTuple):
+    """One official ``Up_ResidualBlock``: its layers and its ``DupUp3D`` shortcut."""
+
+    index: int
+    in_dim: int
+    out_dim: int
+    layers: list[_Layer]
+    shortcut_t: int  # DupUp3D's factor_t (1 or 2); 0 when the level has no shortcut
+
+
+def _levels(config: VAE22Config) -> list[_Level]:
+    """``Decoder3d.upsamples`` in order, built as the official constructor builds it."""
+    widths = [config.dec_dim * m for m in (config.dim_mult[-1], *config.dim_mult[::-1])]
+    levels = []
+    for i in range(len(config.dim_mult)):
+        prefix, in_dim, out_dim = f"decoder.upsamples.{i}.upsamples", widths[i], widths[i + 1]
+        layers = [_Layer("residual", f"{prefix}.{j}", out_dim if j else in_dim, out_dim)
+                  for j in range(config.num_res_blocks + 1)]
+        up = i != len(config.dim_mult) - 1
+        if up:
+            kind = "upsample3d" if config.temperal_upsample[i] else "upsample2d"
+            layers.append(_Layer(kind, f"{prefix}.{len(layers)}", out_dim, out_dim))
+        shortcut_t = (2 if config.temperal_upsample[i] else 1) if up else 0
+        levels.append(_Level(i, in_dim, out_dim, layers, shortcut_t))
+    return levels
+
+
+def param_shapes(config: VAE22Config) -> dict[str, tuple[int, ...]]:
+    """Official state-dict name -> shape of every parameter :func:`decode` uses."""
+    z, mid = config.z_dim, config.dec_dim * config.dim_mult[-1]
+    shapes: dict[str, tuple[int, ...]] = {}
+    _conv(shapes, "conv2", z, z, (1, 1, 1))
+    _conv(shapes, "decoder.conv1", z, mid, (3, 3, 3))
+    layers = _middle_layers(mid) + [la for lv in _levels(config) for la in lv.layers]
+    for layer in layers:
+        _SHAPES[layer.kind](shapes, layer)
+    out = config.dec_dim * config.dim_mult[0]
+    shapes["decoder.head.0.gamma"] = (out, 1, 1, 1)
+    _conv(shapes, "decoder.head.2", out, 3 * PATCH_SIZE**2, (3, 3, 3))
+    return shapes
+
+
+# Wan 2.2's Resample has the same parameters as Wan 2.1's, with in_dim == out_dim.
+_SHAPES = {"residual": _residual_shapes, "attention": _attention_shapes,
+           "upsample2d": _upsample_shapes, "upsample3d": _upsample_shapes}
+
+
+def video_shape(config: VAE22Config, latent_shape: tuple[int, ...]) -> tuple[int, ...]:
+    """Shape of :func:`decode`'s output for a latent of ``latent_shape`` ``[B, z, T, h, w]``."""
+    _check_latent_shape(config, tuple(latent_shape))
+    b, _, t, h, w = latent_shape
+    for doubles in config.temperal_upsample:
+        t = 1 + 2 * (t - 1) if doubles else t
+    s = 2 ** len(config.temperal_upsample) * PATCH_SIZE
+    return b, 3, t, h * s, w * s
+
+
+# ----------------------------------------------------------------------------- parameters
+
+def abstract_decoder_params(config: VAE22Config, dtype: Any = jnp.bfloat16) -> Params:
+    """The parameters as ``ShapeDtypeStruct``s: shapes for lowering, nothing allocated."""
+    return {n: jax.ShapeDtypeStruct(s, dtype) for n, s in param_shapes(config).items()}
+
+
+def init_decoder_params(config: VAE22Config, key: jax.Array,
+                        dtype: Any = jnp.float32) -> Params:
+    """Random parameters: normal weights of variance 1 / fan_in, zero biases, unit gammas.
+
+    The same draw as the Wan 2.1 module's ``init_decoder_params``: values in range for timing
+    and sharding work, not the official initialisation.
+    """
+    return _random_params(param_shapes(config), key, dtype)
+
+
+def load_decoder_params(source: Mapping[str, Any] | str | Path, config: VAE22Config,
+                        dtype: Any = jnp.float32) -> Params:
+    """The decoder's parameters from an official state dict or a ``.safetensors`` file.
+
+    ``source`` maps official names to arrays (numpy, or torch tensors, e.g. a ``torch.load``-ed
+    ``Wan2.2_VAE.pth``) or is a ``.safetensors`` path. Other keys (the encoder, a fixture's
+    inputs) are ignored; a missing or misshaped parameter is an error naming it.
+    """
+    return load_named(source, param_shapes(config), what="a Wan 2.2 VAE checkpoint",
+                      config=config, dtype=dtype)
+
+
+# ----------------------------------------------------------------------------- forward
+
+def _dup_up(x: jax.Array, out_dim: int, factor_t: int) -> jax.Array:
+    """Official ``DupUp3D(in, out, factor_t, factor_s=2)`` over all frames, ``first_chunk``
+    included: the first frame keeps only its last time phase, ``T -> 1 + f_t (T - 1)``."""
+    b, c, t, h, w = x.shape
+    fs = 2
+    x = jnp.repeat(x, out_dim * factor_t * fs * fs // c, axis=1)
+    x = x.reshape(b, out_dim, factor_t, fs, fs, t, h, w).transpose(0, 1, 5, 2, 6, 3, 7, 4)
+    x = x.reshape(b, out_dim, t * factor_t, h * fs, w * fs)
+    return x[:, :, factor_t - 1:]
+
+
+def _up_block(x: jax.Array, params: Params, level: _Level) -> jax.Array:
+    """Official ``Up_ResidualBlock``: residual blocks and resampler, plus the shortcut."""
+    y = x
+    for layer in level.layers:
+        y = _FORWARD[layer.kind](y, params, layer)
+    return y + _dup_up(x, level.out_dim, level.shortcut_t) if level.shortcut_t else y
+
+
+def _unpatchify(x: jax.Array) -> jax.Array:
+    """Official ``unpatchify``, ``b (c r q) f h w -> b c f (h q) (w r)`` (r: column offset)."""
+    b, c, t, h, w = x.shape
+    p = PATCH_SIZE
+    x = x.reshape(b, c // (p * p), p, p, t, h, w)  # [b, c, r, q, t, h, w]
+    return x.transpose(0, 1, 4, 5, 3, 6, 2).reshape(b, c // (p * p), t, h * p, w * p)
+
+
+def decode(params: Params, z: jax.Array, config: VAE22Config) -> jax.Array:
+    """Video ``[B, 3, 1 + 4 (T - 1), 16 h, 16 w]`` in ``[-1, 1]`` from a normalised latent.
+
+    ``z`` is ``[B, z_dim, T, h, w]``, as the DiT produces it (before the official
+    un-normalisation). Computes in ``z``'s dtype; shapes for other configs: :func:`video_shape`.
+    """
+    _check_latent_shape(config, tuple(z.shape))
+    x = _unnormalise(z, config.latent_mean, config.latent_std)
+    x = _causal_conv(_causal_conv(x, params, "conv2"), params, "decoder.conv1")
+    for layer in _middle_layers(config.dec_dim * config.dim_mult[-1]):
+        x = _FORWARD[layer.kind](x, params, layer)
+    for level in _levels(config):
+        x = _up_block(x, params, level)
+    x = jax.nn.silu(_rms_norm(x, params["decoder.head.0.gamma"]))
+    return jnp.clip(_unpatchify(_causal_conv(x, params, "decoder.head.2")), -1.0, 1.0)
+
+
+def _check_latent_shape(config: VAE22Config, shape: tuple[int, ...]) -> None:
+    if len(shape) != 5 or shape[1] != config.z_dim or min(shape) < 1:
+        raise AoizoraError(
+            f"Latent shape {shape} must be [B, z_dim={config.z_dim}, T, h, w] with every size "
+            f"at least 1, e.g. (1, {config.z_dim}, 31, 44, 80) for 121 frames at 704x1280."
+        )
