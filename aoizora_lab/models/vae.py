@@ -143,7 +143,7 @@ class VAEConfig:
 
 # ----------------------------------------------------------------------------- structure
 
-class _Layer(NamedTuple):
+class Layer(NamedTuple):
     """One official module of the decoder: its kind, state-dict prefix and widths."""
 
     kind: str  # "residual", "attention", "upsample2d" or "upsample3d"
@@ -152,14 +152,14 @@ class _Layer(NamedTuple):
     out_dim: int
 
 
-def _upsample_layers(config: VAEConfig) -> list[_Layer]:
+def _upsample_layers(config: VAEConfig) -> list[Layer]:
     """``Decoder3d.upsamples`` in order, built as the official constructor builds it."""
     widths = [config.dim * m for m in (config.dim_mult[-1], *config.dim_mult[::-1])]
     scale = 1.0 / 2 ** (len(config.dim_mult) - 2)
-    layers: list[_Layer] = []
+    layers: list[Layer] = []
 
     def add(kind: str, in_dim: int, out_dim: int) -> None:
-        layers.append(_Layer(kind, f"decoder.upsamples.{len(layers)}", in_dim, out_dim))
+        layers.append(Layer(kind, f"decoder.upsamples.{len(layers)}", in_dim, out_dim))
 
     for i, (in_dim, out_dim) in enumerate(itertools.pairwise(widths)):
         if i > 0:  # the previous upsampler's conv halved the width
@@ -176,11 +176,11 @@ def _upsample_layers(config: VAEConfig) -> list[_Layer]:
     return layers
 
 
-def _middle_layers(width: int) -> list[_Layer]:
+def middle_layers(width: int) -> list[Layer]:
     """``decoder.middle``: residual block, attention, residual block, all ``width`` wide."""
-    return [_Layer("residual", "decoder.middle.0", width, width),
-            _Layer("attention", "decoder.middle.1", width, width),
-            _Layer("residual", "decoder.middle.2", width, width)]
+    return [Layer("residual", "decoder.middle.0", width, width),
+            Layer("attention", "decoder.middle.1", width, width),
+            Layer("residual", "decoder.middle.2", width, width)]
 
 
 def _middle_width(config: VAEConfig) -> int:
@@ -195,46 +195,47 @@ def param_shapes(config: VAEConfig) -> dict[str, tuple[int, ...]]:
     """Official state-dict name -> shape of every parameter :func:`decode` uses."""
     z, mid = config.z_dim, _middle_width(config)
     shapes: dict[str, tuple[int, ...]] = {}
-    _conv(shapes, "conv2", z, z, (1, 1, 1))
-    _conv(shapes, "decoder.conv1", z, mid, (3, 3, 3))
-    for layer in _middle_layers(mid) + _upsample_layers(config):
+    conv_shapes(shapes, "conv2", z, z, (1, 1, 1))
+    conv_shapes(shapes, "decoder.conv1", z, mid, (3, 3, 3))
+    for layer in middle_layers(mid) + _upsample_layers(config):
         _LAYER_SHAPES[layer.kind](shapes, layer)
     out = _out_width(config)
     shapes["decoder.head.0.gamma"] = (out, 1, 1, 1)
-    _conv(shapes, "decoder.head.2", out, 3, (3, 3, 3))
+    conv_shapes(shapes, "decoder.head.2", out, 3, (3, 3, 3))
     return shapes
 
 
-def _conv(shapes: dict, name: str, in_dim: int, out_dim: int, kernel: tuple[int, ...]) -> None:
+def conv_shapes(shapes: dict, name: str, in_dim: int, out_dim: int,
+                kernel: tuple[int, ...]) -> None:
     shapes[f"{name}.weight"] = (out_dim, in_dim, *kernel)
     shapes[f"{name}.bias"] = (out_dim,)
 
 
-def _residual_shapes(shapes: dict, layer: _Layer) -> None:
+def residual_shapes(shapes: dict, layer: Layer) -> None:
     p, i, o = layer.name, layer.in_dim, layer.out_dim
     shapes[f"{p}.residual.0.gamma"] = (i, 1, 1, 1)
-    _conv(shapes, f"{p}.residual.2", i, o, (3, 3, 3))
+    conv_shapes(shapes, f"{p}.residual.2", i, o, (3, 3, 3))
     shapes[f"{p}.residual.3.gamma"] = (o, 1, 1, 1)
-    _conv(shapes, f"{p}.residual.6", o, o, (3, 3, 3))
+    conv_shapes(shapes, f"{p}.residual.6", o, o, (3, 3, 3))
     if i != o:
-        _conv(shapes, f"{p}.shortcut", i, o, (1, 1, 1))
+        conv_shapes(shapes, f"{p}.shortcut", i, o, (1, 1, 1))
 
 
-def _attention_shapes(shapes: dict, layer: _Layer) -> None:
+def attention_shapes(shapes: dict, layer: Layer) -> None:
     p, c = layer.name, layer.in_dim
     shapes[f"{p}.norm.gamma"] = (c, 1, 1)
-    _conv(shapes, f"{p}.to_qkv", c, 3 * c, (1, 1))
-    _conv(shapes, f"{p}.proj", c, c, (1, 1))
+    conv_shapes(shapes, f"{p}.to_qkv", c, 3 * c, (1, 1))
+    conv_shapes(shapes, f"{p}.proj", c, c, (1, 1))
 
 
-def _upsample_shapes(shapes: dict, layer: _Layer) -> None:
-    _conv(shapes, f"{layer.name}.resample.1", layer.in_dim, layer.out_dim, (3, 3))
+def upsample_shapes(shapes: dict, layer: Layer) -> None:
+    conv_shapes(shapes, f"{layer.name}.resample.1", layer.in_dim, layer.out_dim, (3, 3))
     if layer.kind == "upsample3d":
-        _conv(shapes, f"{layer.name}.time_conv", layer.in_dim, 2 * layer.in_dim, (3, 1, 1))
+        conv_shapes(shapes, f"{layer.name}.time_conv", layer.in_dim, 2 * layer.in_dim, (3, 1, 1))
 
 
-_LAYER_SHAPES = {"residual": _residual_shapes, "attention": _attention_shapes,
-                 "upsample2d": _upsample_shapes, "upsample3d": _upsample_shapes}
+_LAYER_SHAPES = {"residual": residual_shapes, "attention": attention_shapes,
+                 "upsample2d": upsample_shapes, "upsample3d": upsample_shapes}
 
 
 def video_shape(config: VAEConfig, latent_shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -261,10 +262,10 @@ def init_decoder_params(config: VAEConfig, key: jax.Array, dtype: Any = jnp.floa
     values in range for timing and sharding work; it is not the official initialisation. All
     weights come from one normal draw, cut up: a draw per weight compiles a generator per shape.
     """
-    return _random_params(param_shapes(config), key, dtype)
+    return random_params(param_shapes(config), key, dtype)
 
 
-def _random_params(shapes: Mapping[str, tuple[int, ...]], key: jax.Array, dtype: Any) -> Params:
+def random_params(shapes: Mapping[str, tuple[int, ...]], key: jax.Array, dtype: Any) -> Params:
     """:func:`init_decoder_params`'s draw for any official names and shapes (also Wan 2.2's)."""
     total = sum(math.prod(s) for n, s in shapes.items() if not n.endswith((".gamma", ".bias")))
     flat = np.asarray(jax.random.normal(key, (total,), jnp.float32))
@@ -297,7 +298,7 @@ def load_decoder_params(source: Mapping[str, Any] | str | Path, config: VAEConfi
 
 # ----------------------------------------------------------------------------- forward
 
-def _causal_conv(x: jax.Array, params: Params, name: str) -> jax.Array:
+def causal_conv(x: jax.Array, params: Params, name: str) -> jax.Array:
     """The official ``CausalConv3d`` (or a per-frame ``Conv2d``) over the whole sequence.
 
     ``k_t - 1`` zero frames in front and none after: output frame ``t`` sees input frames
@@ -314,48 +315,48 @@ def _causal_conv(x: jax.Array, params: Params, name: str) -> jax.Array:
     return y + params[f"{name}.bias"].astype(x.dtype)[:, None, None, None]
 
 
-def _rms_norm(x: jax.Array, gamma: jax.Array) -> jax.Array:
+def rms_norm(x: jax.Array, gamma: jax.Array) -> jax.Array:
     """Official ``RMS_norm``: L2-normalise over channels, times ``sqrt(C) * gamma`` (no bias)."""
     norm = jnp.sqrt(jnp.sum(jnp.square(x), axis=1, keepdims=True))
     gamma = gamma.astype(x.dtype).reshape(1, -1, 1, 1, 1)
     return x / jnp.maximum(norm, _NORM_EPS) * math.sqrt(x.shape[1]) * gamma
 
 
-def _residual(x: jax.Array, params: Params, layer: _Layer) -> jax.Array:
+def _residual(x: jax.Array, params: Params, layer: Layer) -> jax.Array:
     p = layer.name
-    h = _causal_conv(x, params, f"{p}.shortcut") if layer.in_dim != layer.out_dim else x
-    x = _causal_conv(jax.nn.silu(_rms_norm(x, params[f"{p}.residual.0.gamma"])), params,
+    h = causal_conv(x, params, f"{p}.shortcut") if layer.in_dim != layer.out_dim else x
+    x = causal_conv(jax.nn.silu(rms_norm(x, params[f"{p}.residual.0.gamma"])), params,
                      f"{p}.residual.2")
-    x = _causal_conv(jax.nn.silu(_rms_norm(x, params[f"{p}.residual.3.gamma"])), params,
+    x = causal_conv(jax.nn.silu(rms_norm(x, params[f"{p}.residual.3.gamma"])), params,
                      f"{p}.residual.6")
     return x + h
 
 
-def _attention(x: jax.Array, params: Params, layer: _Layer) -> jax.Array:
+def _attention(x: jax.Array, params: Params, layer: Layer) -> jax.Array:
     """Official ``AttentionBlock``: one head over the pixels of each frame, frames apart."""
     p = layer.name
     b, c, t, h, w = x.shape
-    qkv = _causal_conv(_rms_norm(x, params[f"{p}.norm.gamma"]), params, f"{p}.to_qkv")
+    qkv = causal_conv(rms_norm(x, params[f"{p}.norm.gamma"]), params, f"{p}.to_qkv")
     q, k, v = (a.reshape(b, c, t, h * w) for a in jnp.split(qkv, 3, axis=1))
     logits = jnp.einsum("bctn,bctm->btnm", q, k) / math.sqrt(c)
     out = jnp.einsum("btnm,bctm->bctn", jax.nn.softmax(logits, axis=-1), v)
-    return _causal_conv(out.reshape(b, c, t, h, w), params, f"{p}.proj") + x
+    return causal_conv(out.reshape(b, c, t, h, w), params, f"{p}.proj") + x
 
 
-def _upsample(x: jax.Array, params: Params, layer: _Layer) -> jax.Array:
+def _upsample(x: jax.Array, params: Params, layer: Layer) -> jax.Array:
     """Official ``Resample`` (``upsample2d`` / ``upsample3d``): time first, then space."""
     if layer.kind == "upsample3d" and x.shape[2] > 1:
         # The first frame passes once; the others, without it, go through time_conv, each
         # giving two frames: the first and second halves of its 2C channels.
-        y = _causal_conv(x[:, :, 1:], params, f"{layer.name}.time_conv")
+        y = causal_conv(x[:, :, 1:], params, f"{layer.name}.time_conv")
         b, c2, t, h, w = y.shape
         y = jnp.moveaxis(y.reshape(b, 2, c2 // 2, t, h, w), 1, 3).reshape(b, c2 // 2, 2 * t, h, w)
         x = jnp.concatenate([x[:, :, :1], y], axis=2)
     x = jnp.repeat(jnp.repeat(x, 2, axis=3), 2, axis=4)  # nearest-exact at scale 2
-    return _causal_conv(x, params, f"{layer.name}.resample.1")
+    return causal_conv(x, params, f"{layer.name}.resample.1")
 
 
-_FORWARD = {"residual": _residual, "attention": _attention,
+FORWARD = {"residual": _residual, "attention": _attention,
             "upsample2d": _upsample, "upsample3d": _upsample}
 
 
@@ -366,15 +367,15 @@ def decode(params: Params, z: jax.Array, config: VAEConfig) -> jax.Array:
     un-normalisation). Computes in ``z``'s dtype; shapes for other configs: :func:`video_shape`.
     """
     _check_latent_shape(config, tuple(z.shape))
-    x = _unnormalise(z, config.latent_mean, config.latent_std)
-    x = _causal_conv(_causal_conv(x, params, "conv2"), params, "decoder.conv1")
-    for layer in _middle_layers(_middle_width(config)) + _upsample_layers(config):
-        x = _FORWARD[layer.kind](x, params, layer)
-    x = jax.nn.silu(_rms_norm(x, params["decoder.head.0.gamma"]))
-    return jnp.clip(_causal_conv(x, params, "decoder.head.2"), -1.0, 1.0)
+    x = unnormalise(z, config.latent_mean, config.latent_std)
+    x = causal_conv(causal_conv(x, params, "conv2"), params, "decoder.conv1")
+    for layer in middle_layers(_middle_width(config)) + _upsample_layers(config):
+        x = FORWARD[layer.kind](x, params, layer)
+    x = jax.nn.silu(rms_norm(x, params["decoder.head.0.gamma"]))
+    return jnp.clip(causal_conv(x, params, "decoder.head.2"), -1.0, 1.0)
 
 
-def _unnormalise(z: jax.Array, latent_mean: tuple[float, ...],
+def unnormalise(z: jax.Array, latent_mean: tuple[float, ...],
                  latent_std: tuple[float, ...]) -> jax.Array:
     """The official ``z / scale[1] + scale[0]`` with ``scale = [mean, 1 / std]``."""
     mean = jnp.asarray(latent_mean, z.dtype).reshape(1, -1, 1, 1, 1)

@@ -61,18 +61,18 @@ from aoizora_lab.errors import AoizoraError, is_whole
 from aoizora_lab.models.checkpoint import load_named
 from aoizora_lab.models.config import freeze_fields
 from aoizora_lab.models.vae import (
-    _FORWARD,
+    FORWARD,
+    Layer,
     Params,
-    _attention_shapes,
-    _causal_conv,
-    _conv,
-    _Layer,
-    _middle_layers,
-    _random_params,
-    _residual_shapes,
-    _rms_norm,
-    _unnormalise,
-    _upsample_shapes,
+    attention_shapes,
+    causal_conv,
+    conv_shapes,
+    middle_layers,
+    random_params,
+    residual_shapes,
+    rms_norm,
+    unnormalise,
+    upsample_shapes,
 )
 
 # Per-channel statistics of the Wan 2.2 latent (official ``Wan2_2_VAE.__init__``).
@@ -179,7 +179,7 @@ class _Level(NamedTuple):
     index: int
     in_dim: int
     out_dim: int
-    layers: list[_Layer]
+    layers: list[Layer]
     shortcut_t: int  # DupUp3D's factor_t (1 or 2); 0 when the level has no shortcut
 
 
@@ -189,12 +189,12 @@ def _levels(config: VAE22Config) -> list[_Level]:
     levels = []
     for i in range(len(config.dim_mult)):
         prefix, in_dim, out_dim = f"decoder.upsamples.{i}.upsamples", widths[i], widths[i + 1]
-        layers = [_Layer("residual", f"{prefix}.{j}", out_dim if j else in_dim, out_dim)
+        layers = [Layer("residual", f"{prefix}.{j}", out_dim if j else in_dim, out_dim)
                   for j in range(config.num_res_blocks + 1)]
         up = i != len(config.dim_mult) - 1
         if up:
             kind = "upsample3d" if config.temperal_upsample[i] else "upsample2d"
-            layers.append(_Layer(kind, f"{prefix}.{len(layers)}", out_dim, out_dim))
+            layers.append(Layer(kind, f"{prefix}.{len(layers)}", out_dim, out_dim))
         shortcut_t = (2 if config.temperal_upsample[i] else 1) if up else 0
         levels.append(_Level(i, in_dim, out_dim, layers, shortcut_t))
     return levels
@@ -204,20 +204,20 @@ def param_shapes(config: VAE22Config) -> dict[str, tuple[int, ...]]:
     """Official state-dict name -> shape of every parameter :func:`decode` uses."""
     z, mid = config.z_dim, config.dec_dim * config.dim_mult[-1]
     shapes: dict[str, tuple[int, ...]] = {}
-    _conv(shapes, "conv2", z, z, (1, 1, 1))
-    _conv(shapes, "decoder.conv1", z, mid, (3, 3, 3))
-    layers = _middle_layers(mid) + [la for lv in _levels(config) for la in lv.layers]
+    conv_shapes(shapes, "conv2", z, z, (1, 1, 1))
+    conv_shapes(shapes, "decoder.conv1", z, mid, (3, 3, 3))
+    layers = middle_layers(mid) + [la for lv in _levels(config) for la in lv.layers]
     for layer in layers:
         _SHAPES[layer.kind](shapes, layer)
     out = config.dec_dim * config.dim_mult[0]
     shapes["decoder.head.0.gamma"] = (out, 1, 1, 1)
-    _conv(shapes, "decoder.head.2", out, 3 * PATCH_SIZE**2, (3, 3, 3))
+    conv_shapes(shapes, "decoder.head.2", out, 3 * PATCH_SIZE**2, (3, 3, 3))
     return shapes
 
 
 # Wan 2.2's Resample has the same parameters as Wan 2.1's, with in_dim == out_dim.
-_SHAPES = {"residual": _residual_shapes, "attention": _attention_shapes,
-           "upsample2d": _upsample_shapes, "upsample3d": _upsample_shapes}
+_SHAPES = {"residual": residual_shapes, "attention": attention_shapes,
+           "upsample2d": upsample_shapes, "upsample3d": upsample_shapes}
 
 
 def video_shape(config: VAE22Config, latent_shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -244,7 +244,7 @@ def init_decoder_params(config: VAE22Config, key: jax.Array,
     The same draw as the Wan 2.1 module's ``init_decoder_params``: values in range for timing
     and sharding work, not the official initialisation.
     """
-    return _random_params(param_shapes(config), key, dtype)
+    return random_params(param_shapes(config), key, dtype)
 
 
 def load_decoder_params(source: Mapping[str, Any] | str | Path, config: VAE22Config,
@@ -276,7 +276,7 @@ def _up_block(x: jax.Array, params: Params, level: _Level) -> jax.Array:
     """Official ``Up_ResidualBlock``: residual blocks and resampler, plus the shortcut."""
     y = x
     for layer in level.layers:
-        y = _FORWARD[layer.kind](y, params, layer)
+        y = FORWARD[layer.kind](y, params, layer)
     return y + _dup_up(x, level.out_dim, level.shortcut_t) if level.shortcut_t else y
 
 
@@ -295,14 +295,14 @@ def decode(params: Params, z: jax.Array, config: VAE22Config) -> jax.Array:
     un-normalisation). Computes in ``z``'s dtype; shapes for other configs: :func:`video_shape`.
     """
     _check_latent_shape(config, tuple(z.shape))
-    x = _unnormalise(z, config.latent_mean, config.latent_std)
-    x = _causal_conv(_causal_conv(x, params, "conv2"), params, "decoder.conv1")
-    for layer in _middle_layers(config.dec_dim * config.dim_mult[-1]):
-        x = _FORWARD[layer.kind](x, params, layer)
+    x = unnormalise(z, config.latent_mean, config.latent_std)
+    x = causal_conv(causal_conv(x, params, "conv2"), params, "decoder.conv1")
+    for layer in middle_layers(config.dec_dim * config.dim_mult[-1]):
+        x = FORWARD[layer.kind](x, params, layer)
     for level in _levels(config):
         x = _up_block(x, params, level)
-    x = jax.nn.silu(_rms_norm(x, params["decoder.head.0.gamma"]))
-    return jnp.clip(_unpatchify(_causal_conv(x, params, "decoder.head.2")), -1.0, 1.0)
+    x = jax.nn.silu(rms_norm(x, params["decoder.head.0.gamma"]))
+    return jnp.clip(_unpatchify(causal_conv(x, params, "decoder.head.2")), -1.0, 1.0)
 
 
 def _check_latent_shape(config: VAE22Config, shape: tuple[int, ...]) -> None:
