@@ -353,6 +353,10 @@ class Odds:
     """The system's step over the plan's: 10th percentile, median, 90th percentile."""
     point: float
     """The same ratio under the default model (the headline's)."""
+    known: bool = True
+    """False where a time limit left setups of the system that could still win uncompiled
+    (``Headline.unchecked``): the odds are then against the setups compiled only, and who is
+    faster is not known."""
 
 
 class Assessment(Records[Option]):
@@ -416,15 +420,17 @@ class Assessment(Records[Option]):
                 "least_regret": item.label == self.least_regret}
 
     def odds_frame(self) -> pd.DataFrame:
-        """Per system: the probability that the plan is faster and the speedup's interval."""
+        """Per system: the probability that the plan is faster and the speedup's interval
+        (``known`` False: a time limit left setups that could win uncompiled, so these are
+        against the setups compiled only)."""
         import pandas as pd
 
-        return pd.DataFrame([{"system": o.system, "p_plan_faster": o.probability,
-                              "speedup_point": o.point, "speedup_low": o.speedup[0],
-                              "speedup_median": o.speedup[1], "speedup_high": o.speedup[2]}
-                             for o in self.odds],
-                            columns=["system", "p_plan_faster", "speedup_point", "speedup_low",
-                                     "speedup_median", "speedup_high"])
+        return pd.DataFrame([{"system": o.system, "known": o.known,
+                              "p_plan_faster": o.probability, "speedup_point": o.point,
+                              "speedup_low": o.speedup[0], "speedup_median": o.speedup[1],
+                              "speedup_high": o.speedup[2]} for o in self.odds],
+                            columns=["system", "known", "p_plan_faster", "speedup_point",
+                                     "speedup_low", "speedup_median", "speedup_high"])
 
     def drivers(self, topology: Topology, chip: ChipSpec | None = None,
                 against: str | None = None) -> pd.DataFrame:
@@ -463,6 +469,11 @@ class Assessment(Records[Option]):
         lines = [f"plan {plan.label}: median {plan.median_s:.4g} s, 80 % interval "
                  f"{plan.low_s:.4g} - {plan.high_s:.4g} s (default model {plan.point_s:.4g} s)"]
         for o in self.odds:
+            if not o.known:
+                lines.append(f"against {o.system}: not known within the time limit (setups that "
+                             "could win were not compiled; against those compiled, P(plan "
+                             f"faster) = {o.probability:.2f})")
+                continue
             verdict = ("faster in every draw" if o.probability == 1 else
                        "slower in every draw" if o.probability == 0 else
                        "the interval straddles 1: the model's uncertainty could reverse it"
@@ -548,8 +559,8 @@ def assess(result: PlanResult, ensemble: Ensemble = DEFAULT_ENSEMBLE) -> Assessm
         options.append(Option(f"{name}: {_label(system.candidate.name, system.flags.label)}",
                               name, system.predicted.total_s, steps))
         probability, speedup = odds(plan.steps, steps)
-        found.append(Odds(name, probability, speedup,
-                          system.predicted.total_s / plan.point_s))
+        found.append(Odds(name, probability, speedup, system.predicted.total_s / plan.point_s,
+                          known=name not in result.headline.unchecked))
     return Assessment(options, plan=plan_label, odds=found, ensemble=ensemble)
 
 

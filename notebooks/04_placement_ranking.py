@@ -158,7 +158,9 @@ display(sure.to_frame().drop(columns=["median_winner"]).round(4))
 # %% [markdown]
 # `p_plan_faster` is the share of draws in which the search's own best is faster than the
 # system, `speedup_low` / `speedup_high` the 80 % interval of the system's step over the
-# plan's. An interval that straddles 1 means the model's own uncertainty could reverse the
+# plan's; `known` is False where a time limit left setups of that system that could win
+# uncompiled (the odds are then against the setups compiled only, and the answer not
+# known). An interval that straddles 1 means the model's own uncertainty could reverse the
 # answer. The **robust** choice (lowest 90th-percentile step) and the **least-regret** one
 # (smallest worst-case loss against the best option of each draw) are marked beside the
 # lowest median; where they differ, the cheaper-looking option is the riskier one.
@@ -316,6 +318,7 @@ record("systems_not_known", list(headline.unchecked))
 record("placement_gain_vs_plain", headline.placement_gain["plain"])
 record("strategy_gain", headline.strategy_gain if headline.best_system else None)
 record("placements_ranked", len(result.ranking))
-record("p_plan_faster_than_best_system",
-       next((o.probability for o in sure.odds if o.system == headline.best_system), None))
+record("p_plan_faster_than_best_system",  # None where the headline is not known
+       None if headline.unchecked else next(
+           (o.probability for o in sure.odds if o.system == headline.best_system), None))
 record("robust_choice", sure.robust)

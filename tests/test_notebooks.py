@@ -150,4 +150,5 @@ def test_a_headline_a_time_limit_leaves_unknown_is_recorded_as_none(tmp_path, mo
     [run] = result.runs
     assert run.records["speedup_over_best_existing_system"] is None
     assert run.records["systems_not_known"]  # named
+    assert run.records["p_plan_faster_than_best_system"] is None  # nor its odds
     assert run.records["predicted_step_s"] > 0  # the plan itself is known

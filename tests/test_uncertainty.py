@@ -199,3 +199,16 @@ def test_a_calibrated_constant_is_known_and_not_drawn_even_at_its_default(
 def test_bad_ensembles_are_refused_with_the_fix(kwargs, words):
     with pytest.raises(AoizoraError, match=words):
         Ensemble(**kwargs)
+
+
+def test_a_system_a_time_limit_left_unchecked_is_not_known_in_the_summary():
+    from aoizora_lab.uncertainty import Odds
+
+    rng = np.random.default_rng(1)
+    plan, system = 1.0 + 0.01 * rng.random(64), 2.0 + 0.01 * rng.random(64)
+    sure = Assessment([Option("plan", "search", 1.0, plan), Option("s: x", "s", 2.0, system)],
+                      plan="plan", odds=[Odds("s", 1.0, (1.9, 2.0, 2.1), 2.0, known=False)],
+                      ensemble=Ensemble(count=64))
+    [line] = [line for line in sure.summary(TOPOLOGY) if line.startswith("against s")]
+    assert "not known within the time limit" in line and "faster in every draw" not in line
+    assert not sure.odds_frame()["known"].iloc[0]

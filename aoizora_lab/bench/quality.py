@@ -383,7 +383,9 @@ def _quality_row(workload: Workload, topology: Topology, *, num_layers: int | No
     wall = time.perf_counter() - start
     best, head = result.best, result.headline
     sure = assess(result)
-    against = {o.system: o for o in sure.odds}.get(head.best_system)
+    # The headline's odds, where the headline is known (a time limit leaves it NaN).
+    against = None if head.unchecked else {o.system: o for o in sure.odds}.get(
+        head.best_system)
     own = sure.option(sure.plan)
     plan_s = best.predicted.total_s
     where = {"workload": workload.name, "slice": topology.name}
