@@ -105,29 +105,12 @@ class VAEConfig:
 
     def validate(self) -> None:
         """Raise :class:`AoizoraError` on values the official decoder cannot be built with."""
-        for name, minimum in (("dim", 1), ("z_dim", 1), ("num_res_blocks", 0)):
-            if not is_whole(getattr(self, name), minimum=minimum):
-                raise AoizoraError(
-                    f"VAEConfig.{name}={getattr(self, name)!r} must be an integer >= {minimum}."
-                )
+        check_decoder_config(self, "dim")
         if not 1 <= len(self.dim_mult) <= 4 or min(self.dim_mult) < 1:
             raise AoizoraError(
                 f"VAEConfig.dim_mult={self.dim_mult} must hold 1 to 4 positive multipliers: the "
                 "official Decoder3d halves the input width of levels 1-3 only, e.g. (1, 2, 4, 4)."
             )
-        if len(self.temperal_downsample) != len(self.dim_mult) - 1:
-            raise AoizoraError(
-                f"VAEConfig.temperal_downsample={self.temperal_downsample} needs one flag per "
-                f"resampler, len(dim_mult) - 1 = {len(self.dim_mult) - 1}."
-            )
-        for name in ("latent_mean", "latent_std"):
-            if len(getattr(self, name)) != self.z_dim:
-                raise AoizoraError(
-                    f"VAEConfig.{name} has {len(getattr(self, name))} values; it needs one per "
-                    f"latent channel (z_dim={self.z_dim})."
-                )
-        if min(self.latent_std) <= 0:
-            raise AoizoraError(f"VAEConfig.latent_std={self.latent_std} must all be positive.")
 
     @classmethod
     def wan21(cls) -> VAEConfig:
@@ -142,6 +125,31 @@ class VAEConfig:
 
 
 # ----------------------------------------------------------------------------- structure
+
+def check_decoder_config(config: Any, width: str) -> None:
+    """What every Wan VAE decoder config needs (Wan 2.1's and 2.2's): whole ``width``,
+    ``z_dim`` and ``num_res_blocks``, a time flag per resampler, one latent mean and one
+    positive standard deviation per latent channel. Errors name the config's class."""
+    owner = type(config).__name__
+    for name, minimum in ((width, 1), ("z_dim", 1), ("num_res_blocks", 0)):
+        if not is_whole(getattr(config, name), minimum=minimum):
+            raise AoizoraError(
+                f"{owner}.{name}={getattr(config, name)!r} must be an integer >= {minimum}."
+            )
+    if len(config.temperal_downsample) != len(config.dim_mult) - 1:
+        raise AoizoraError(
+            f"{owner}.temperal_downsample={config.temperal_downsample} needs one flag per "
+            f"resampler, len(dim_mult) - 1 = {len(config.dim_mult) - 1}."
+        )
+    for name in ("latent_mean", "latent_std"):
+        if len(getattr(config, name)) != config.z_dim:
+            raise AoizoraError(
+                f"{owner}.{name} has {len(getattr(config, name))} values; it needs one per "
+                f"latent channel (z_dim={config.z_dim})."
+            )
+    if min(config.latent_std) <= 0:
+        raise AoizoraError(f"{owner}.latent_std={config.latent_std} must all be positive.")
+
 
 class Layer(NamedTuple):
     """One official module of the decoder: its kind, state-dict prefix and widths."""

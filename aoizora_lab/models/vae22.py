@@ -57,7 +57,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from aoizora_lab.errors import AoizoraError, is_whole
+from aoizora_lab.errors import AoizoraError
 from aoizora_lab.models.checkpoint import load_named
 from aoizora_lab.models.config import freeze_fields
 from aoizora_lab.models.vae import (
@@ -66,6 +66,7 @@ from aoizora_lab.models.vae import (
     Params,
     attention_shapes,
     causal_conv,
+    check_decoder_config,
     conv_shapes,
     middle_layers,
     random_params,
@@ -127,22 +128,12 @@ class VAE22Config:
 
     def validate(self) -> None:
         """Raise :class:`AoizoraError` on values the official decoder cannot be built with."""
-        for name, minimum in (("dec_dim", 1), ("z_dim", 1), ("num_res_blocks", 0)):
-            if not is_whole(getattr(self, name), minimum=minimum):
-                raise AoizoraError(
-                    f"VAE22Config.{name}={getattr(self, name)!r} must be an integer >= "
-                    f"{minimum}."
-                )
         if not self.dim_mult or min(self.dim_mult) < 1:
             raise AoizoraError(
                 f"VAE22Config.dim_mult={self.dim_mult} must hold positive multipliers, "
                 "e.g. (1, 2, 4, 4)."
             )
-        if len(self.temperal_downsample) != len(self.dim_mult) - 1:
-            raise AoizoraError(
-                f"VAE22Config.temperal_downsample={self.temperal_downsample} needs one flag per "
-                f"resampler, len(dim_mult) - 1 = {len(self.dim_mult) - 1}."
-            )
+        check_decoder_config(self, "dec_dim")
         for level in _levels(self):
             if level.shortcut_t and (level.out_dim * level.shortcut_t * 4) % level.in_dim:
                 raise AoizoraError(
@@ -150,14 +141,6 @@ class VAE22Config:
                     f"from {level.in_dim} to {level.out_dim} channels, which the official "
                     "DupUp3D cannot (out * factor must be a multiple of in)."
                 )
-        for name in ("latent_mean", "latent_std"):
-            if len(getattr(self, name)) != self.z_dim:
-                raise AoizoraError(
-                    f"VAE22Config.{name} has {len(getattr(self, name))} values; it needs one "
-                    f"per latent channel (z_dim={self.z_dim})."
-                )
-        if min(self.latent_std) <= 0:
-            raise AoizoraError(f"VAE22Config.latent_std={self.latent_std} must all be positive.")
 
     @classmethod
     def wan22(cls) -> VAE22Config:
