@@ -553,12 +553,17 @@ def _sweep(workload: Workload, topology: Topology, num_layers: int | None) -> di
     return {
         "model": dataclasses.asdict(model),
         "workload": {k: v for k, v in dataclasses.asdict(workload).items() if k != "model"},
-        "topology": {"name": topology.name, "shape": list(topology.shape),
-                     "wrap": list(topology.wrap), "generation": topology.generation,
-                     "source": topology.source, "num_devices": topology.num_devices},
+        "topology": topology_spec(topology),
         "num_layers": num_layers or model.num_layers,
         "versions": code_versions("aoizora_lab.compile_worker"),
     }
+
+
+def topology_spec(topology: Topology) -> dict[str, Any]:
+    """What a compile child needs to rebuild ``topology`` (``compile_worker.topology_of``)."""
+    return {"name": topology.name, "shape": list(topology.shape), "wrap": list(topology.wrap),
+            "generation": topology.generation, "source": topology.source,
+            "num_devices": topology.num_devices}
 
 
 def _seen_host_peak(cache: Path, sweep: str) -> float:
@@ -682,7 +687,9 @@ def _indexed_name(index_file: Path) -> str:
 def _in_child(job: dict[str, Any], work: Path, timeout_s: float, programs: Path | None
               ) -> dict[str, Any]:
     """Run the compile worker on ``job`` in ``work``: its result, or the crash, timeout or
-    exit that ended it. With ``programs``, a program the index holds is not compiled."""
+    exit that ended it. With ``programs``, a program the index holds is not compiled. The
+    worker is ``job["worker"]`` (a module run with ``-m``; the DiT step's
+    ``aoizora_lab.compile_worker`` when the job names none)."""
     env = {k: v for k, v in os.environ.items() if k != "LIBTPU_INIT_ARGS"}
     if job["topology"]["source"] == DeviceSource.HOST:
         env["JAX_PLATFORMS"] = "cpu"
@@ -690,7 +697,7 @@ def _in_child(job: dict[str, Any], work: Path, timeout_s: float, programs: Path 
                             f"{job['topology']['num_devices']}").strip()
     try:
         done = subprocess.run(
-            [sys.executable, "-m", "aoizora_lab.compile_worker", str(work),
+            [sys.executable, "-m", job.get("worker", "aoizora_lab.compile_worker"), str(work),
              *([str(programs)] if programs is not None and programs.is_dir() else [])],
             input=json.dumps(job), capture_output=True, text=True, timeout=timeout_s, env=env)
     except subprocess.TimeoutExpired:

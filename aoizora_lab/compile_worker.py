@@ -22,6 +22,7 @@ import os
 import resource
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -44,41 +45,39 @@ def program_key(lowered_text: str, job: dict[str, Any]) -> str:
     }, sort_keys=True))
 
 
-def main(work: Path, programs: Path | None = None) -> None:
-    job = json.loads(sys.stdin.read())
+def topology_of(spec: dict[str, Any]) -> Any:
+    """The :class:`~aoizora_lab.topology.Topology` a job's ``topology`` entry describes
+    (``compile.topology_spec``), with this process's devices."""
     import jax
 
-    # Submodules by name: the compile cache's key digests what this module imports.
-    from aoizora_lab.candidates import Candidate
-    from aoizora_lab.models.wan import WanConfig
     from aoizora_lab.topology import DeviceSource, Topology
-    from aoizora_lab.workload import Workload, lower_step
 
-    spec = job["topology"]
     if spec["source"] == DeviceSource.DEVICELESS:
-        topology = Topology.from_name(spec["name"], deviceless=True)
-    elif spec["source"] == DeviceSource.HOST:
-        topology = Topology.simulated(spec["shape"], generation=spec["generation"],
-                                      wrap=spec["wrap"],
-                                      devices=jax.devices()[:spec["num_devices"]])
-    else:
-        topology = Topology.from_devices(jax.devices())
-    model = WanConfig(**job["model"])
-    workload = Workload(model=model, **job["workload"])
-    candidate = Candidate.from_name(job["candidate"], attention=job["attention"])
-    devices = [topology.devices[i] for i in topology.device_grid().ravel()]
+        return Topology.from_name(spec["name"], deviceless=True)
+    if spec["source"] == DeviceSource.HOST:
+        return Topology.simulated(spec["shape"], generation=spec["generation"],
+                                  wrap=spec["wrap"], devices=jax.devices()[:spec["num_devices"]])
+    return Topology.from_devices(jax.devices())
+
+
+def compile_program(job: dict[str, Any], work: Path, programs: Path | None, name: str,
+                    lower: Callable[[], Any]) -> None:
+    """Lower (``lower()``, a ``jax.stages.Lowered``) and compile one program, writing
+    ``WORK_DIR/result.json`` and ``hlo.txt``: the tail every worker shares. ``name`` is what
+    the abort and hang hooks match. An error of the lowering or the compiler is the
+    program's result (``error``, or ``oom`` where the compiler ran out of memory)."""
     start = time.perf_counter()
     result: dict = {"status": "ok", "message": ""}
     try:
-        lowered = lower_step(workload, candidate.plan(devices), num_layers=job["num_layers"])
+        lowered = lower()
         result["program_key"] = program_key(lowered.as_text(), job)
         if programs is not None and (programs / result["program_key"]).exists():
             (work / "result.json").write_text(json.dumps(
                 {"status": SAME_PROGRAM, "program_key": result["program_key"]}))
             return
-        if os.environ.get("AOIZORA_LAB_ABORT_CANDIDATE") == candidate.name:
+        if os.environ.get("AOIZORA_LAB_ABORT_CANDIDATE") == name:
             os.abort()
-        while os.environ.get("AOIZORA_LAB_HANG_CANDIDATE") == candidate.name:
+        while os.environ.get("AOIZORA_LAB_HANG_CANDIDATE") == name:
             time.sleep(60)
         compiled = lowered.compile(compiler_options=job.get("compiler_options") or None)
         memory = compiled.memory_analysis()
@@ -88,7 +87,7 @@ def main(work: Path, programs: Path | None = None) -> None:
             "temp": float(memory.temp_size_in_bytes),
             "peak": float(getattr(memory, "peak_memory_in_bytes", 0) or 0)}
         (work / "hlo.txt").write_text(compiled.as_text())
-    except Exception as err:  # the compiler's verdict on this candidate, not the sweep's end
+    except Exception as err:  # the compiler's verdict on this program, not the sweep's end
         text = f"{type(err).__name__}: {err}"
         result = {**result, "status": "oom" if "RESOURCE_EXHAUSTED" in text else "error",
                   "message": text[-4000:]}
@@ -96,6 +95,21 @@ def main(work: Path, programs: Path | None = None) -> None:
     # Peak resident memory of this process (Linux reports KiB): what one compile needs here.
     result["host_peak_bytes"] = float(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
     (work / "result.json").write_text(json.dumps(result))
+
+
+def main(work: Path, programs: Path | None = None) -> None:
+    job = json.loads(sys.stdin.read())
+    # Submodules by name: the compile cache's key digests what this module imports.
+    from aoizora_lab.candidates import Candidate
+    from aoizora_lab.models.wan import WanConfig
+    from aoizora_lab.workload import Workload, lower_step
+
+    topology = topology_of(job["topology"])
+    workload = Workload(model=WanConfig(**job["model"]), **job["workload"])
+    candidate = Candidate.from_name(job["candidate"], attention=job["attention"])
+    devices = [topology.devices[i] for i in topology.device_grid().ravel()]
+    compile_program(job, work, programs, candidate.name, lambda: lower_step(
+        workload, candidate.plan(devices), num_layers=job["num_layers"]))
 
 
 if __name__ == "__main__":

@@ -31,6 +31,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("prune",),
     ("compile", "compile_worker"),
     ("placement", "flow_kernels"),
+    ("parts", "part_worker"),
     ("realize",),
     ("options",),
     ("baselines",),

@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -57,6 +57,7 @@ from aoizora_lab.models.checkpoint import load_named
 from aoizora_lab.models.config import freeze_fields
 
 Params = dict[str, jax.Array]
+Constrain = Callable[[jax.Array], jax.Array] | None
 
 # Per-channel statistics of the Wan 2.1 latent (official ``WanVAE.__init__``).
 WAN21_LATENT_MEAN = (
@@ -368,19 +369,23 @@ FORWARD = {"residual": _residual, "attention": _attention,
             "upsample2d": _upsample, "upsample3d": _upsample}
 
 
-def decode(params: Params, z: jax.Array, config: VAEConfig) -> jax.Array:
+def decode(params: Params, z: jax.Array, config: VAEConfig, *,
+           constrain: Constrain = None) -> jax.Array:
     """Video ``[B, 3, 1 + 4 (T - 1), 8 h, 8 w]`` in ``[-1, 1]`` from a normalised latent.
 
     ``z`` is ``[B, z_dim, T, h, w]``, as the DiT produces it (before the official
     un-normalisation). Computes in ``z``'s dtype; shapes for other configs: :func:`video_shape`.
+    ``constrain``: applied to the activations after every layer and to the video (a sharding
+    constraint that keeps them split the same way, :mod:`aoizora_lab.parts`); none by default.
     """
     _check_latent_shape(config, tuple(z.shape))
+    keep = constrain or (lambda a: a)
     x = unnormalise(z, config.latent_mean, config.latent_std)
-    x = causal_conv(causal_conv(x, params, "conv2"), params, "decoder.conv1")
+    x = keep(causal_conv(causal_conv(keep(x), params, "conv2"), params, "decoder.conv1"))
     for layer in middle_layers(_middle_width(config)) + _upsample_layers(config):
-        x = FORWARD[layer.kind](x, params, layer)
+        x = keep(FORWARD[layer.kind](x, params, layer))
     x = jax.nn.silu(rms_norm(x, params["decoder.head.0.gamma"]))
-    return jnp.clip(causal_conv(x, params, "decoder.head.2"), -1.0, 1.0)
+    return keep(jnp.clip(causal_conv(x, params, "decoder.head.2"), -1.0, 1.0))
 
 
 def unnormalise(z: jax.Array, latent_mean: tuple[float, ...],

@@ -62,6 +62,7 @@ from aoizora_lab.models.checkpoint import load_named
 from aoizora_lab.models.config import freeze_fields
 from aoizora_lab.models.vae import (
     FORWARD,
+    Constrain,
     Layer,
     Params,
     attention_shapes,
@@ -271,21 +272,24 @@ def _unpatchify(x: jax.Array) -> jax.Array:
     return x.transpose(0, 1, 4, 5, 3, 6, 2).reshape(b, c // (p * p), t, h * p, w * p)
 
 
-def decode(params: Params, z: jax.Array, config: VAE22Config) -> jax.Array:
+def decode(params: Params, z: jax.Array, config: VAE22Config, *,
+           constrain: Constrain = None) -> jax.Array:
     """Video ``[B, 3, 1 + 4 (T - 1), 16 h, 16 w]`` in ``[-1, 1]`` from a normalised latent.
 
     ``z`` is ``[B, z_dim, T, h, w]``, as the DiT produces it (before the official
     un-normalisation). Computes in ``z``'s dtype; shapes for other configs: :func:`video_shape`.
+    ``constrain``: as :func:`aoizora_lab.models.vae.decode`'s, after every layer and level.
     """
     _check_latent_shape(config, tuple(z.shape))
+    keep = constrain or (lambda a: a)
     x = unnormalise(z, config.latent_mean, config.latent_std)
-    x = causal_conv(causal_conv(x, params, "conv2"), params, "decoder.conv1")
+    x = keep(causal_conv(causal_conv(keep(x), params, "conv2"), params, "decoder.conv1"))
     for layer in middle_layers(config.dec_dim * config.dim_mult[-1]):
-        x = FORWARD[layer.kind](x, params, layer)
+        x = keep(FORWARD[layer.kind](x, params, layer))
     for level in _levels(config):
-        x = _up_block(x, params, level)
+        x = keep(_up_block(x, params, level))
     x = jax.nn.silu(rms_norm(x, params["decoder.head.0.gamma"]))
-    return jnp.clip(_unpatchify(causal_conv(x, params, "decoder.head.2")), -1.0, 1.0)
+    return keep(jnp.clip(_unpatchify(causal_conv(x, params, "decoder.head.2")), -1.0, 1.0))
 
 
 def _check_latent_shape(config: VAE22Config, shape: tuple[int, ...]) -> None:

@@ -1,0 +1,421 @@
+"""The other programs of a generation, sharded on the slice, compiled and priced like a step.
+
+A Wan generation runs three kinds of program: the text encoder once per prompt, the DiT's
+denoising steps (:mod:`aoizora_lab.workload`, planned by :mod:`aoizora_lab.planner`) and the
+VAE decoder once per video. This module owns the first and the last as *parts*: a part is a
+program and how it is split over the slice's devices. Each part is lowered with real
+shardings (:func:`lower_part`), compiled deviceless by libtpu in a child process through the
+compile cache (:func:`compile_part`, the worker :mod:`aoizora_lab.part_worker`), and priced by
+:func:`aoizora_lab.cost.predict` on the device orders the libraries give (:func:`price_part`),
+exactly as a DiT step is.
+
+The policy, one split per part:
+
+- **Text encoder** (:class:`EncodePart`, UMT5-XXL, :mod:`aoizora_lab.models.t5`): the prompts
+  (two with CFG: the prompt and the negative prompt) over ``prompt_split`` devices, and the
+  heads and FFN columns over ``tp`` (Megatron: q, k, v, the FFN's fc1 and gate split by output,
+  ``o`` and fc2 by input, the embedding by vocabulary row; XLA's SPMD partitioner adds the
+  all-reduces). Devices left over hold copies. The official code and MaxDiffusion run the two
+  prompts one after the other (MaxDiffusion on the host CPU, in PyTorch); here both go in one
+  batch on the TPU.
+- **VAE decoder** (:class:`DecodePart`, Wan 2.1's or 2.2's, :mod:`aoizora_lab.models.vae`,
+  :mod:`~aoizora_lab.models.vae22`): all frames at once, the latent's rows over ``rows``
+  devices and its columns over ``cols``; every level doubles both, so each level's activations
+  split alike. Each 3x3 convolution then needs one row or column of its neighbours' pixels:
+  the SPMD partitioner adds those halo exchanges (collective-permutes) and the middle
+  attention's gather of each frame. Devices left over hold copies. MaxDiffusion splits the
+  width only, over every device (``vae_spatial: -1``), and decodes a latent frame at a time
+  with the causal cache; xDiT's DistVAE splits the height; the official code decodes on one
+  GPU.
+
+Worked example: Wan 2.1 at 720p decodes a latent ``[1, 16, 21, 90, 160]``. On ``v5e:2x4``
+(8 devices) the splits whose sizes divide the latent and the devices are rows x cols in
+{1, 2} x {1, 2, 4, 8}; :func:`decode_splits` keeps those that use the most devices (2 x 4 and
+1 x 8), the squarest first (2 x 4: each device decodes a 45 x 40 latent tile, 360 x 320 pixels
+at the last level, and exchanges a tile's edges, 2 x (360 + 320) pixels a row or column per
+convolution). Each is compiled, and priced in plain order and in the orders ``jax.make_mesh``
+and ``mesh_utils.create_device_mesh`` give its ``(copies, rows, cols)`` mesh.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+from aoizora_lab.comm_model import ModelOptions
+from aoizora_lab.compile import (
+    CompileStatus,
+    default_cache_dir,
+    run_job,
+    topology_spec,
+)
+from aoizora_lab.cost import Predicted, predict
+from aoizora_lab.errors import AoizoraError, is_whole
+from aoizora_lab.hlo import CommProgram, parse_hlo
+from aoizora_lab.placement import Placement, library_orders
+from aoizora_lab.records import Records
+from aoizora_lab.topology import Topology
+from aoizora_lab.versions import code_versions, digest, memoized
+
+VAES = ("wan2.1", "wan2.2")
+"""The VAE decoders a :class:`DecodePart` can run: Wan 2.1's (also Wan 2.2 A14B's) and
+Wan 2.2 TI2V-5B's."""
+DTYPES = ("float32", "bfloat16")
+
+
+@dataclass(frozen=True)
+class DecodePart:
+    """One VAE decode of a video's latent, split over the slice (module docstring)."""
+
+    kind: ClassVar[str] = "decode"
+    axes: ClassVar[tuple[str, ...]] = ("copies", "rows", "cols")
+
+    latent: tuple[int, ...]
+    """The latent the DiT produces, ``[B, z_dim, T, h, w]`` (``Workload.latent_shape`` with a
+    batch of 1: the VAE decodes the guided latent, one video)."""
+    vae: str = "wan2.1"
+    """Which decoder (:data:`VAES`)."""
+    rows: int = 1
+    """Devices the latent's rows are split over."""
+    cols: int = 1
+    """Devices the latent's columns are split over."""
+    dtype: str = "float32"
+    """Compute and weight dtype. Float32: the official ``WanVAE`` and MaxDiffusion's
+    ``vae_dtype`` both decode in float32."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "latent", tuple(self.latent))
+        if len(self.latent) != 5 or not all(is_whole(n) for n in self.latent):
+            raise AoizoraError(
+                f"DecodePart.latent={self.latent} must be [B, z_dim, T, h, w] of positive "
+                "integers, e.g. (1, 16, 21, 90, 160) for Wan 2.1 at 720p."
+            )
+        if self.vae not in VAES:
+            raise AoizoraError(f"DecodePart.vae={self.vae!r} must be one of {VAES}.")
+        for name, size in (("rows", self.latent[3]), ("cols", self.latent[4])):
+            split = getattr(self, name)
+            if not is_whole(split) or size % split:
+                raise AoizoraError(
+                    f"DecodePart.{name}={split!r} must be a positive integer dividing the "
+                    f"latent's {size} {name}: every device decodes a whole tile."
+                )
+        _check_dtype(self)
+
+    @property
+    def devices(self) -> int:
+        """Devices that decode distinct tiles (the others hold copies)."""
+        return self.rows * self.cols
+
+    @property
+    def name(self) -> str:
+        return f"vae-{self.vae}-rows{self.rows}-cols{self.cols}"
+
+    def mesh_shape(self, num_devices: int) -> tuple[int, ...]:
+        return _mesh_shape(self, num_devices, (self.rows, self.cols))
+
+
+@dataclass(frozen=True)
+class EncodePart:
+    """The text encoder on a generation's prompts, split over the slice (module docstring)."""
+
+    kind: ClassVar[str] = "encode"
+    axes: ClassVar[tuple[str, ...]] = ("copies", "prompts", "tp")
+
+    prompts: int = 2
+    """Prompts encoded together: 2 with CFG (the prompt and the negative prompt), else 1."""
+    text_len: int = 512
+    """Tokens per prompt (the official ``text_len``: every prompt is padded to it)."""
+    prompt_split: int = 1
+    """Devices the prompts are split over (divides ``prompts``)."""
+    tp: int = 1
+    """Devices the heads and FFN columns are split over (divides 64 heads and 10240)."""
+    dtype: str = "bfloat16"
+    """Compute and weight dtype: the released encoder is bfloat16
+    (``models_t5_umt5-xxl-enc-bf16.pth``) and the official ``T5EncoderModel`` runs it so."""
+
+    def __post_init__(self) -> None:
+        for name in ("prompts", "text_len", "prompt_split", "tp"):
+            if not is_whole(getattr(self, name)):
+                raise AoizoraError(
+                    f"EncodePart.{name}={getattr(self, name)!r} must be an integer >= 1."
+                )
+        if self.prompts % self.prompt_split:
+            raise AoizoraError(
+                f"EncodePart.prompt_split={self.prompt_split} must divide prompts="
+                f"{self.prompts}: each device group encodes whole prompts."
+            )
+        _check_dtype(self)
+
+    @property
+    def devices(self) -> int:
+        return self.prompt_split * self.tp
+
+    @property
+    def name(self) -> str:
+        return f"t5-prompts{self.prompt_split}-tp{self.tp}"
+
+    def mesh_shape(self, num_devices: int) -> tuple[int, ...]:
+        return _mesh_shape(self, num_devices, (self.prompt_split, self.tp))
+
+
+Part = DecodePart | EncodePart
+_KINDS: dict[str, type] = {"decode": DecodePart, "encode": EncodePart}
+
+
+def _check_dtype(part: Part) -> None:
+    if part.dtype not in DTYPES:
+        raise AoizoraError(f"{type(part).__name__}.dtype={part.dtype!r} must be one of {DTYPES}.")
+
+
+def _mesh_shape(part: Part, num_devices: int, split: tuple[int, ...]) -> tuple[int, ...]:
+    if num_devices % part.devices:
+        raise AoizoraError(
+            f"{part.name} splits over {part.devices} devices, which does not divide the "
+            f"slice's {num_devices}: pick splits whose product divides it "
+            "(decode_splits / encode_splits list them)."
+        )
+    return (num_devices // part.devices, *split)
+
+
+def part_spec(part: Part) -> dict[str, Any]:
+    """A part as JSON-able data (a compile job's ``part``); :func:`part_from_spec` inverts it."""
+    return {"kind": part.kind, **dataclasses.asdict(part)}
+
+
+def part_from_spec(spec: dict[str, Any]) -> Part:
+    fields = {k: v for k, v in spec.items() if k != "kind"}
+    return _KINDS[spec["kind"]](**fields)
+
+
+# ----------------------------------------------------------------------------- lowering
+
+
+def part_mesh(part: Part, devices: Sequence[Any]) -> Any:
+    """The ``(copies, ...)`` mesh of ``part`` over ``devices``, in this order."""
+    import numpy as np
+    from jax.sharding import Mesh
+
+    return Mesh(np.asarray(devices, dtype=object).reshape(part.mesh_shape(len(devices))),
+                part.axes)
+
+
+def lower_part(part: Part, devices: Sequence[Any]) -> Any:
+    """``part``'s program on the released model, lowered for ``devices`` (:func:`part_mesh`)
+    with abstract weights and inputs: a ``jax.stages.Lowered``."""
+    return _LOWER[part.kind](part, part_mesh(part, devices))
+
+
+def vae_of(part: DecodePart) -> tuple[Any, Any]:
+    """The decoder module and the released config a :class:`DecodePart` runs."""
+    from aoizora_lab.models import vae, vae22
+
+    return ((vae, vae.VAEConfig.wan21()) if part.vae == "wan2.1"
+            else (vae22, vae22.VAE22Config.wan22()))
+
+
+def sharded_decode(part: DecodePart, mesh: Any, config: Any = None) -> Any:
+    """``decode(params, z)`` jitted with ``part``'s split on ``mesh``: weights copied, the
+    latent, every layer's activations and the video split in tiles (rows x cols). ``config``:
+    the decoder's (the released one by default; a small one for tests)."""
+    import jax
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    module, released = vae_of(part)
+    config = config or released
+    tiles = NamedSharding(mesh, P(None, None, None, "rows", "cols"))
+
+    def run(params: Any, z: Any) -> Any:
+        return module.decode(params, z, config,
+                             constrain=lambda a: jax.lax.with_sharding_constraint(a, tiles))
+
+    return jax.jit(run, in_shardings=(NamedSharding(mesh, P()), tiles), out_shardings=tiles)
+
+
+def _lower_decode(part: DecodePart, mesh: Any) -> Any:
+    import jax
+    import jax.numpy as jnp
+
+    module, config = vae_of(part)
+    dtype = jnp.dtype(part.dtype)
+    return sharded_decode(part, mesh).lower(module.abstract_decoder_params(config, dtype),
+                                            jax.ShapeDtypeStruct(part.latent, dtype))
+
+
+def _t5_spec(name: str) -> tuple[Any, ...]:
+    """Where a UMT5 parameter's axes go (module docstring: Megatron, by name)."""
+    if name.endswith(("attn.q.weight", "attn.k.weight", "attn.v.weight", "ffn.fc1.weight",
+                      "ffn.gate.0.weight", "token_embedding.weight")):
+        return ("tp", None)
+    if name.endswith(("attn.o.weight", "ffn.fc2.weight", "pos_embedding.embedding.weight")):
+        return (None, "tp")
+    return ()
+
+
+def sharded_encode(part: EncodePart, mesh: Any, config: Any = None) -> Any:
+    """``encode(params, ids, mask)`` jitted with ``part``'s split on ``mesh`` (weights by
+    :func:`_t5_spec`'s rule, the prompts over ``prompts``). ``config``: the encoder's (the
+    released UMT5-XXL by default; a small one for tests)."""
+    import jax
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    from aoizora_lab.models import t5
+
+    config = config or t5.T5Config.umt5_xxl()
+    if config.num_heads % part.tp or config.dim_ffn % part.tp:
+        raise AoizoraError(
+            f"EncodePart.tp={part.tp} must divide the encoder's {config.num_heads} heads and "
+            f"{config.dim_ffn} FFN columns, e.g. 1, 2, 4 or 8 for UMT5-XXL's 64 and 10240."
+        )
+    weights = {n: NamedSharding(mesh, P(*_t5_spec(n))) for n in t5.param_shapes(config)}
+    tokens = NamedSharding(mesh, P("prompts", None))
+    return jax.jit(lambda p, i, m: t5.encode(p, i, m, config),
+                   in_shardings=(weights, tokens, tokens), out_shardings=tokens)
+
+
+def _lower_encode(part: EncodePart, mesh: Any) -> Any:
+    import jax
+    import jax.numpy as jnp
+
+    from aoizora_lab.models import t5
+
+    config = t5.T5Config.umt5_xxl()
+    ids = jax.ShapeDtypeStruct((part.prompts, part.text_len), jnp.int32)
+    return sharded_encode(part, mesh).lower(
+        t5.abstract_encoder_params(config, jnp.dtype(part.dtype)), ids, ids)
+
+
+_LOWER = {"decode": _lower_decode, "encode": _lower_encode}
+
+
+# ----------------------------------------------------------------------------- splits
+
+
+def decode_splits(latent: Sequence[int], num_devices: int, *, vae: str = "wan2.1",
+                  keep: int = 2) -> list[DecodePart]:
+    """The splits worth compiling for a decode of ``latent`` on ``num_devices``: rows x cols
+    dividing the latent's rows and columns and the devices, those that use the most devices
+    (compute per device falls as 1 / devices), the squarest tiles first (a tile's halo is its
+    perimeter), at most ``keep`` (module docstring's example)."""
+    _, _, _, h, w = latent
+    splits = [(r, c) for r in _divisors(h) for c in _divisors(w) if num_devices % (r * c) == 0]
+    most = max(r * c for r, c in splits)
+    best = sorted((s for s in splits if s[0] * s[1] == most),
+                  key=lambda s: (h // s[0] + w // s[1], s))
+    return [DecodePart(tuple(latent), vae=vae, rows=r, cols=c) for r, c in best[:keep]]
+
+
+def encode_splits(num_devices: int, *, prompts: int = 2, text_len: int = 512,
+                  max_tp: int = 8) -> list[EncodePart]:
+    """The encoder splits worth compiling on ``num_devices``: the prompts apart where they
+    divide, times tensor parallelism up to ``max_tp`` (past 8 the all-reduces of a
+    4096-wide, 512-token activation cost more than the quarter of a 10 ms layer they save,
+    a ratio from the FLOP and byte counts above)."""
+    return [EncodePart(prompts=prompts, text_len=text_len, prompt_split=p, tp=t)
+            for p in _divisors(prompts) for t in (1, 2, 4, 8, 16, 32, 64)
+            if t <= max_tp and num_devices % (p * t) == 0]
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+# ----------------------------------------------------------------------------- compile, price
+
+
+@dataclass(frozen=True)
+class PricedPart:
+    """A part compiled for a slice and priced on its best device order, or why not."""
+
+    part: Part
+    status: CompileStatus
+    """``ok``, or the compile's failure (``oom``, ``error``, ``crash``, ``timeout``)."""
+    message: str
+    """The failure's text, or ``""``."""
+    compile_seconds: float
+    hbm_bytes: float
+    """Peak HBM per device the compiler reports (argument + output + temp where it gives no
+    peak)."""
+    predicted: Predicted | None
+    """Latency on ``placement`` (``cost.predict``), ``None`` where it did not compile."""
+    placement: Placement | None
+    """The fastest of the library orders (:func:`~aoizora_lab.placement.library_orders`)."""
+
+    @property
+    def ok(self) -> bool:
+        return self.predicted is not None
+
+    @property
+    def seconds(self) -> float:
+        return self.predicted.total_s if self.predicted else math.inf
+
+
+class PricedParts(Records[PricedPart]):
+    """Every split of a part that was tried, in the order tried."""
+
+    COLUMNS = ("part", "status", "seconds", "compute_s", "comm_s", "hbm_gib", "order",
+               "compile_s", "message")
+
+    def row(self, item: PricedPart) -> dict[str, Any]:
+        p = item.predicted
+        return {"part": item.part.name, "status": item.status,
+                "seconds": p.total_s if p else math.nan,
+                "compute_s": p.compute_s if p else math.nan,
+                "comm_s": p.comm_s if p else math.nan,
+                "hbm_gib": item.hbm_bytes / 2**30,
+                "order": item.placement.description if item.placement else "",
+                "compile_s": item.compile_seconds, "message": item.message[:200]}
+
+    @property
+    def best(self) -> PricedPart | None:
+        """The fastest that compiled (``None``: none did)."""
+        ok = [p for p in self if p.ok]
+        return min(ok, key=lambda p: p.seconds) if ok else None
+
+
+def compile_part(part: Part, topology: Topology, *, cache_dir: str | Path | None = None,
+                 timeout_s: float = 1800.0) -> tuple[dict[str, Any], CommProgram | None]:
+    """Compile ``part`` for ``topology`` (plain device order) through the compile cache: the
+    raw result (status, message, memory, seconds) and the parsed program where it compiled."""
+    part.mesh_shape(topology.num_devices)  # a split the slice cannot hold fails before a child
+    job = {"worker": "aoizora_lab.part_worker", "part": part_spec(part),
+           "topology": topology_spec(topology),
+           "versions": code_versions("aoizora_lab.part_worker")}
+    cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    raw = run_job(job, str(cache), timeout_s)
+    hlo_path = Path(raw["hlo_path"]) if raw.get("hlo_path") else None
+    if raw["status"] != CompileStatus.OK or hlo_path is None:
+        return raw, None
+    program = memoized("program", (raw.get("hlo_sha256") or digest(hlo_path.read_bytes()),
+                                   topology.num_devices, None, None),
+                       lambda: parse_hlo(hlo_path.read_text(), topology.num_devices),
+                       code="aoizora_lab.hlo")
+    return raw, program
+
+
+def price_part(part: Part, topology: Topology, *, cache_dir: str | Path | None = None,
+               timeout_s: float = 1800.0, options: ModelOptions | None = None) -> PricedPart:
+    """:func:`compile_part`, then :func:`~aoizora_lab.cost.predict` in every library order of
+    the part's mesh; the fastest is kept. A failed compile is a result, not an error."""
+    raw, program = compile_part(part, topology, cache_dir=cache_dir, timeout_s=timeout_s)
+    memory = raw.get("memory", {})
+    hbm = memory.get("peak") or sum(memory.get(k, 0.0) for k in ("argument", "output", "temp"))
+    predicted = placement = None
+    if program is not None:
+        orders = library_orders(part.mesh_shape(topology.num_devices), part.axes, topology)
+        priced = [(predict(program, topology, o, options=options), o) for o in orders]
+        predicted, placement = min(priced, key=lambda p: p[0].total_s)
+    return PricedPart(part=part, status=CompileStatus(raw["status"]),
+                      message=raw.get("message", ""),
+                      compile_seconds=float(raw.get("compile_seconds", 0.0)),
+                      hbm_bytes=float(hbm or math.nan), predicted=predicted, placement=placement)
+
+
+def plan_part(parts: Sequence[Part], topology: Topology, **kwargs: Any) -> PricedParts:
+    """Every split in ``parts`` priced (:func:`price_part`); ``.best`` is the plan."""
+    return PricedParts(price_part(p, topology, **kwargs) for p in parts)

@@ -1,0 +1,139 @@
+"""The other programs of a generation, split on a slice: the same numbers as unsplit (on CPU
+host devices, against the official golden outputs), real halo exchanges, clear errors, and
+(slow) a deviceless compile priced by the cost model."""
+
+import json
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from aoizora_lab.compile import CompileStatus
+from aoizora_lab.errors import AoizoraError
+from aoizora_lab.models import t5, vae, vae22
+from aoizora_lab.models.safetensors_io import load_safetensors
+from aoizora_lab.parts import (
+    DecodePart,
+    EncodePart,
+    decode_splits,
+    encode_splits,
+    part_from_spec,
+    part_mesh,
+    part_spec,
+    price_part,
+    sharded_decode,
+    sharded_encode,
+)
+from aoizora_lab.topology import Topology
+
+DATA = Path(__file__).resolve().parent / "data"
+
+
+def _fixture(name, config_type, load):
+    meta = json.loads((DATA / f"{name}.json").read_text())
+    tensors = load_safetensors(DATA / f"{name}.safetensors")
+    config = config_type(**meta["config"])
+    return config, load(tensors, config), tensors
+
+
+@pytest.mark.parametrize(("vae_name", "fixture", "module", "config_type", "rows", "cols"), [
+    ("wan2.1", "wan21_vae_tiny", vae, vae.VAEConfig, 2, 2),
+    ("wan2.1", "wan21_vae_tiny", vae, vae.VAEConfig, 1, 4),
+    ("wan2.2", "wan22_vae_tiny", vae22, vae22.VAE22Config, 2, 1),
+    ("wan2.2", "wan22_vae_tiny", vae22, vae22.VAE22Config, 1, 3),
+])
+def test_a_split_decode_gives_the_official_video_with_halo_exchanges(
+        vae_name, fixture, module, config_type, rows, cols):
+    config, params, tensors = _fixture(fixture, config_type, module.load_decoder_params)
+    z = jnp.asarray(tensors["input.z"])
+    part = DecodePart(tuple(z.shape), vae=vae_name, rows=rows, cols=cols)
+    devices = jax.devices()[: part.devices * (8 // part.devices)]
+    run = sharded_decode(part, part_mesh(part, devices), config)
+    video = run(params, z)
+    np.testing.assert_allclose(np.asarray(video), tensors["output.video"], atol=5e-5)
+    # Split for real: the video comes back in tiles, and the compiled program exchanges halos.
+    assert video.sharding.shard_shape(video.shape)[3:] == (video.shape[3] // rows,
+                                                           video.shape[4] // cols)
+    assert "collective-permute" in run.lower(params, z).compile().as_text()
+
+
+@pytest.mark.parametrize(("prompt_split", "tp"), [(2, 2), (1, 4), (2, 1)])
+def test_a_split_encoder_gives_the_official_states(prompt_split, tp):
+    config, params, tensors = _fixture("umt5_tiny", t5.T5Config, t5.load_encoder_params)
+    ids, mask = tensors["input.ids"], tensors["input.mask"]
+    part = EncodePart(prompts=ids.shape[0], text_len=ids.shape[1], prompt_split=prompt_split,
+                      tp=tp)
+    run = sharded_encode(part, part_mesh(part, jax.devices()[:8]), config)
+    states = run(params, ids, mask)
+    np.testing.assert_allclose(np.asarray(states), tensors["output.context"], atol=2e-5)
+    assert states.sharding.shard_shape(states.shape)[0] == ids.shape[0] // prompt_split
+    if tp > 1:  # the heads are split: partial sums meet in all-reduces
+        assert "all-reduce" in run.lower(params, ids, mask).compile().as_text()
+
+
+def test_parts_round_trip_through_their_job_spec():
+    for part in (DecodePart((1, 16, 21, 90, 160), rows=2, cols=4),
+                 EncodePart(prompts=2, prompt_split=2, tp=4)):
+        assert part_from_spec(json.loads(json.dumps(part_spec(part)))) == part
+
+
+def test_bad_parts_are_errors_that_name_the_value_and_the_fix():
+    with pytest.raises(AoizoraError, match=r"rows=4.*dividing the latent's 90 rows"):
+        DecodePart((1, 16, 21, 90, 160), rows=4)
+    with pytest.raises(AoizoraError, match=r"vae='wan3'.*one of"):
+        DecodePart((1, 16, 21, 90, 160), vae="wan3")
+    with pytest.raises(AoizoraError, match=r"latent=\(1, 16, 21\).*\[B, z_dim, T, h, w\]"):
+        DecodePart((1, 16, 21))
+    with pytest.raises(AoizoraError, match=r"prompt_split=2 must divide prompts=1"):
+        EncodePart(prompts=1, prompt_split=2)
+    with pytest.raises(AoizoraError, match=r"splits over 3 devices.*slice's 8"):
+        DecodePart((1, 16, 21, 90, 160), rows=3).mesh_shape(8)
+    with pytest.raises(AoizoraError, match=r"tp=3 must divide"):
+        config = _fixture("umt5_tiny", t5.T5Config, t5.load_encoder_params)[0]
+        part = EncodePart(prompts=2, text_len=8, prompt_split=1, tp=3)
+        sharded_encode(part, part_mesh(part, jax.devices()[:6]), config)
+
+
+@pytest.mark.parametrize(("latent", "devices"), [((1, 16, 21, 90, 160), 8),
+                                                  ((1, 16, 21, 60, 104), 256),
+                                                  ((1, 48, 21, 44, 80), 16)])
+def test_decode_splits_use_the_most_devices_squarest_first(latent, devices):
+    splits = decode_splits(latent, devices, keep=3)
+    h, w = latent[3], latent[4]
+    possible = [(r, c) for r in range(1, h + 1) for c in range(1, w + 1)
+                if h % r == 0 and w % c == 0 and devices % (r * c) == 0]
+    most = max(r * c for r, c in possible)
+    assert splits and all(p.devices == most for p in splits)
+    perimeters = [h // p.rows + w // p.cols for p in splits]
+    assert perimeters == sorted(perimeters)
+    assert min(perimeters) == min(h // r + w // c for r, c in possible if r * c == most)
+
+
+def test_encode_splits_divide_the_devices_and_the_prompts():
+    splits = encode_splits(8, prompts=2, max_tp=8)
+    assert {(p.prompt_split, p.tp) for p in splits} == {
+        (p, t) for p in (1, 2) for t in (1, 2, 4, 8) if 8 % (p * t) == 0}
+
+
+@pytest.mark.slow
+def test_a_decode_compiles_deviceless_and_prices_its_halos(tmp_path):
+    topology = Topology.from_name("v5e:2x4", deviceless=True)
+    part = DecodePart((1, 16, 2, 16, 24), rows=2, cols=4)
+    priced = price_part(part, topology, cache_dir=tmp_path)
+    assert priced.status == CompileStatus.OK, priced.message
+    assert priced.predicted.compute_s > 0 and priced.predicted.comm_s > 0
+    assert priced.predicted.total_s >= priced.predicted.compute_s
+    assert priced.hbm_bytes > 0 and len(priced.placement) == 8
+    again = price_part(part, topology, cache_dir=tmp_path)  # read back from the cache
+    assert again.predicted == priced.predicted
+
+
+@pytest.mark.slow
+def test_a_part_that_cannot_lower_is_a_result_with_its_reason(tmp_path):
+    topology = Topology.from_name("v5e:2x4", deviceless=True)
+    priced = price_part(EncodePart(prompts=2, text_len=16, prompt_split=1, tp=8),
+                        topology, cache_dir=tmp_path, timeout_s=1.0)
+    assert priced.status == CompileStatus.TIMEOUT and not priced.ok
+    assert "no result after 1 s" in priced.message
