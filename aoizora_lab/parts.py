@@ -65,6 +65,10 @@ VAES = ("wan2.1", "wan2.2")
 """The VAE decoders a :class:`DecodePart` can run: Wan 2.1's (also Wan 2.2 A14B's) and
 Wan 2.2 TI2V-5B's."""
 DTYPES = ("float32", "bfloat16")
+MIN_TILE = 2
+"""Fewest latent rows (columns) a split device decodes: with one-row tiles and copies, XLA's
+SPMD partitioner (jax 0.10.2, CPU) gave wrong convolutions (a latent of 2 rows in 2 tiles);
+real latents have 44 rows or more, so this costs no useful split."""
 
 
 @dataclass(frozen=True)
@@ -83,6 +87,10 @@ class DecodePart:
     """Devices the latent's rows are split over."""
     cols: int = 1
     """Devices the latent's columns are split over."""
+    chunk: int | None = None
+    """``None``: every frame at once; ``k``: the first latent frame alone, then ``k`` at a
+    time with the causal convs' cache, as the official decode (``k = 1``) and MaxDiffusion's
+    ``vae_decode_chunk`` (:func:`aoizora_lab.models.vae.streamed`): less memory, a loop."""
     dtype: str = "float32"
     """Compute and weight dtype. Float32: the official ``WanVAE`` and MaxDiffusion's
     ``vae_dtype`` both decode in float32."""
@@ -98,11 +106,17 @@ class DecodePart:
             raise AoizoraError(f"DecodePart.vae={self.vae!r} must be one of {VAES}.")
         for name, size in (("rows", self.latent[3]), ("cols", self.latent[4])):
             split = getattr(self, name)
-            if not is_whole(split) or size % split:
+            if not (split == 1 or is_whole(split, 1, size // MIN_TILE)):
                 raise AoizoraError(
-                    f"DecodePart.{name}={split!r} must be a positive integer dividing the "
-                    f"latent's {size} {name}: every device decodes a whole tile."
+                    f"DecodePart.{name}={split!r} must be 1 or an integer up to the latent's "
+                    f"{size} {name} / {MIN_TILE}: tiles of at least {MIN_TILE} (MIN_TILE; a "
+                    "split that does not divide them pads the last tile)."
                 )
+        if self.chunk is not None and not is_whole(self.chunk, 1, self.latent[2]):
+            raise AoizoraError(
+                f"DecodePart.chunk={self.chunk!r} must be None (every frame at once) or a "
+                f"number of latent frames from 1 to the latent's {self.latent[2]}."
+            )
         _check_dtype(self)
 
     @property
@@ -112,7 +126,8 @@ class DecodePart:
 
     @property
     def name(self) -> str:
-        return f"vae-{self.vae}-rows{self.rows}-cols{self.cols}"
+        frames = "all" if self.chunk is None else self.chunk
+        return f"vae-{self.vae}-rows{self.rows}-cols{self.cols}-chunk{frames}"
 
     def mesh_shape(self, num_devices: int) -> tuple[int, ...]:
         return _mesh_shape(self, num_devices, (self.rows, self.cols))
@@ -218,9 +233,11 @@ def vae_of(part: DecodePart) -> tuple[Any, Any]:
 
 
 def sharded_decode(part: DecodePart, mesh: Any, config: Any = None) -> Any:
-    """``decode(params, z)`` jitted with ``part``'s split on ``mesh``: weights copied, the
-    latent, every layer's activations and the video split in tiles (rows x cols). ``config``:
-    the decoder's (the released one by default; a small one for tests)."""
+    """``decode(params, z)`` jitted with ``part``'s split on ``mesh``: weights and the (small)
+    latent copied, every layer's activations and the video split in tiles (rows x cols; a
+    constraint, so a split that does not divide pads its last tiles, and its video comes back
+    whole on every device: a ``jax.Array`` has no padded tiles). ``config``: the decoder's
+    (the released one by default; a small one for tests)."""
     import jax
     from jax.sharding import NamedSharding
     from jax.sharding import PartitionSpec as P
@@ -230,10 +247,10 @@ def sharded_decode(part: DecodePart, mesh: Any, config: Any = None) -> Any:
     tiles = NamedSharding(mesh, P(None, None, None, "rows", "cols"))
 
     def run(params: Any, z: Any) -> Any:
-        return module.decode(params, z, config,
+        return module.decode(params, z, config, chunk=part.chunk,
                              constrain=lambda a: jax.lax.with_sharding_constraint(a, tiles))
 
-    return jax.jit(run, in_shardings=(NamedSharding(mesh, P()), tiles), out_shardings=tiles)
+    return jax.jit(run, in_shardings=NamedSharding(mesh, P()))
 
 
 def _lower_decode(part: DecodePart, mesh: Any) -> Any:
@@ -297,17 +314,20 @@ _LOWER = {"decode": _lower_decode, "encode": _lower_encode}
 
 
 def decode_splits(latent: Sequence[int], num_devices: int, *, vae: str = "wan2.1",
-                  keep: int = 2) -> list[DecodePart]:
+                  keep: int = 2, chunks: Sequence[int | None] = (None, 1)
+                  ) -> list[DecodePart]:
     """The splits worth compiling for a decode of ``latent`` on ``num_devices``: rows x cols
     dividing the latent's rows and columns and the devices, those that use the most devices
     (compute per device falls as 1 / devices), the squarest tiles first (a tile's halo is its
-    perimeter), at most ``keep`` (module docstring's example)."""
+    perimeter), at most ``keep`` (module docstring's example), each with every ``chunks``
+    (all frames at once, and the official frame at a time, by default)."""
     _, _, _, h, w = latent
-    splits = [(r, c) for r in _divisors(h) for c in _divisors(w) if num_devices % (r * c) == 0]
+    splits = [(r, c) for r in _splits(h) for c in _splits(w) if num_devices % (r * c) == 0]
     most = max(r * c for r, c in splits)
     best = sorted((s for s in splits if s[0] * s[1] == most),
                   key=lambda s: (h // s[0] + w // s[1], s))
-    return [DecodePart(tuple(latent), vae=vae, rows=r, cols=c) for r, c in best[:keep]]
+    return [DecodePart(tuple(latent), vae=vae, rows=r, cols=c, chunk=k)
+            for r, c in best[:keep] for k in chunks]
 
 
 def encode_splits(num_devices: int, *, prompts: int = 2, text_len: int = 512,
@@ -323,6 +343,11 @@ def encode_splits(num_devices: int, *, prompts: int = 2, text_len: int = 512,
 
 def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _splits(size: int) -> list[int]:
+    """Even splits of a latent side into tiles of at least :data:`MIN_TILE`."""
+    return [d for d in _divisors(size) if d == 1 or size // d >= MIN_TILE]
 
 
 # ----------------------------------------------------------------------------- compile, price

@@ -32,9 +32,13 @@ def official():
     return config, load_decoder_params(tensors, config), tensors
 
 
-def test_decode_matches_the_official_frame_by_frame_decode(official):
+@pytest.mark.parametrize("chunk", [None, 1, 2])
+def test_decode_matches_the_official_frame_by_frame_decode(official, chunk):
+    """All frames at once, and streamed as the official code (1 latent frame at a time with
+    the causal cache) and as MaxDiffusion's ``vae_decode_chunk`` 2 (padded last chunk)."""
     config, params, tensors = official
-    video = np.asarray(decode_jit(params, jnp.asarray(tensors["input.z"]), config))
+    run = jax.jit(lambda p, z: decode(p, z, config, chunk=chunk))
+    video = np.asarray(run(params, jnp.asarray(tensors["input.z"])))
     expected = tensors["output.video"]
     assert video.shape == expected.shape == (2, 3, 9, 32, 32) and video.dtype == np.float32
     # float32 end to end; the error left (~1e-5) is float32 rounding: the same decoder in
@@ -108,3 +112,9 @@ def test_config_errors_quote_the_value_and_the_fix():
         VAEConfig(dim_mult=(1, 2, 4, 4, 4), temperal_downsample=(False, False, True, True))
     with pytest.raises(AoizoraError, match=r"temperal_downsample=\(True,\).*3"):
         VAEConfig(temperal_downsample=(True,))
+
+
+def test_a_bad_chunk_is_an_error_naming_it(official):
+    config, params, tensors = official
+    with pytest.raises(AoizoraError, match=r"chunk=0 must be a positive number of latent frames"):
+        decode(params, jnp.asarray(tensors["input.z"]), config, chunk=0)

@@ -307,19 +307,47 @@ def load_decoder_params(source: Mapping[str, Any] | str | Path, config: VAEConfi
 
 # ----------------------------------------------------------------------------- forward
 
-def causal_conv(x: jax.Array, params: Params, name: str) -> jax.Array:
+class Stream:
+    """Where a chunk of latent frames sits in a frame-by-frame decode (the official
+    ``feat_cache``): each causal conv's last ``k_t - 1`` input frames before the chunk
+    (``before``; zeros where a conv has none yet, as the official zero padding) and after it
+    (``after``, filled as the chunk runs: the next chunk's ``before``)."""
+
+    def __init__(self, before: dict[str, jax.Array] | None = None) -> None:
+        self.first = before is None
+        """The first chunk (one latent frame): the time upsamplers pass it through."""
+        self.before = dict(before or {})
+        self.after: dict[str, jax.Array] = {}
+
+    def extend(self, x: jax.Array, name: str, frames: int) -> jax.Array:
+        """``x`` with the ``frames`` input frames before it in front; keeps the last
+        ``frames`` of the result for the next chunk."""
+        before = self.before.get(name)
+        if before is None:
+            before = jnp.zeros((*x.shape[:2], frames, *x.shape[3:]), x.dtype)
+        full = jnp.concatenate([before, x], axis=2)
+        self.after[name] = full[:, :, full.shape[2] - frames:]
+        return full
+
+
+def causal_conv(x: jax.Array, params: Params, name: str, stream: Stream | None = None
+                ) -> jax.Array:
     """The official ``CausalConv3d`` (or a per-frame ``Conv2d``) over the whole sequence.
 
     ``k_t - 1`` zero frames in front and none after: output frame ``t`` sees input frames
     ``t - k_t + 1 .. t``, which is what the official frame-by-frame cache feeds it. Space is
-    padded by ``k // 2`` on both sides, as the official ``padding=1`` of every 3x3 conv.
+    padded by ``k // 2`` on both sides, as the official ``padding=1`` of every 3x3 conv. With
+    a ``stream``, ``x`` is one chunk and the frames in front are the previous chunk's.
     """
     w = params[f"{name}.weight"]
     if w.ndim == 4:  # Conv2d applied frame by frame = Conv3d with a kernel one frame long
         w = w[:, :, None]
     kt, kh, kw = w.shape[2:]
+    front = kt - 1
+    if stream is not None and front:
+        x, front = stream.extend(x, name, front), 0
     y = lax.conv_general_dilated(x, w.astype(x.dtype), (1, 1, 1),
-                                 ((kt - 1, 0), (kh // 2, kh // 2), (kw // 2, kw // 2)),
+                                 ((front, 0), (kh // 2, kh // 2), (kw // 2, kw // 2)),
                                  dimension_numbers=_CONV_DIMS)
     return y + params[f"{name}.bias"].astype(x.dtype)[:, None, None, None]
 
@@ -331,17 +359,19 @@ def rms_norm(x: jax.Array, gamma: jax.Array) -> jax.Array:
     return x / jnp.maximum(norm, _NORM_EPS) * math.sqrt(x.shape[1]) * gamma
 
 
-def _residual(x: jax.Array, params: Params, layer: Layer) -> jax.Array:
+def _residual(x: jax.Array, params: Params, layer: Layer, stream: Stream | None = None
+              ) -> jax.Array:
     p = layer.name
     h = causal_conv(x, params, f"{p}.shortcut") if layer.in_dim != layer.out_dim else x
     x = causal_conv(jax.nn.silu(rms_norm(x, params[f"{p}.residual.0.gamma"])), params,
-                     f"{p}.residual.2")
+                     f"{p}.residual.2", stream)
     x = causal_conv(jax.nn.silu(rms_norm(x, params[f"{p}.residual.3.gamma"])), params,
-                     f"{p}.residual.6")
+                     f"{p}.residual.6", stream)
     return x + h
 
 
-def _attention(x: jax.Array, params: Params, layer: Layer) -> jax.Array:
+def _attention(x: jax.Array, params: Params, layer: Layer, stream: Stream | None = None
+               ) -> jax.Array:
     """Official ``AttentionBlock``: one head over the pixels of each frame, frames apart."""
     p = layer.name
     b, c, t, h, w = x.shape
@@ -352,17 +382,28 @@ def _attention(x: jax.Array, params: Params, layer: Layer) -> jax.Array:
     return causal_conv(out.reshape(b, c, t, h, w), params, f"{p}.proj") + x
 
 
-def _upsample(x: jax.Array, params: Params, layer: Layer) -> jax.Array:
+def _upsample(x: jax.Array, params: Params, layer: Layer, stream: Stream | None = None
+              ) -> jax.Array:
     """Official ``Resample`` (``upsample2d`` / ``upsample3d``): time first, then space."""
-    if layer.kind == "upsample3d" and x.shape[2] > 1:
+    if layer.kind == "upsample3d":
         # The first frame passes once; the others, without it, go through time_conv, each
         # giving two frames: the first and second halves of its 2C channels.
-        y = causal_conv(x[:, :, 1:], params, f"{layer.name}.time_conv")
-        b, c2, t, h, w = y.shape
-        y = jnp.moveaxis(y.reshape(b, 2, c2 // 2, t, h, w), 1, 3).reshape(b, c2 // 2, 2 * t, h, w)
-        x = jnp.concatenate([x[:, :, :1], y], axis=2)
+        time_conv = f"{layer.name}.time_conv"
+        if stream is None and x.shape[2] > 1:
+            x = jnp.concatenate([x[:, :, :1], _doubled(causal_conv(x[:, :, 1:], params,
+                                                                   time_conv))], axis=2)
+        elif stream is not None and stream.first:  # official 'Rep': time_conv starts after
+            stream.after[time_conv] = jnp.zeros((*x.shape[:2], 2, *x.shape[3:]), x.dtype)
+        elif stream is not None:
+            x = _doubled(causal_conv(x, params, time_conv, stream))
     x = jnp.repeat(jnp.repeat(x, 2, axis=3), 2, axis=4)  # nearest-exact at scale 2
     return causal_conv(x, params, f"{layer.name}.resample.1")
+
+
+def _doubled(y: jax.Array) -> jax.Array:
+    """``time_conv``'s ``2C`` channels as two frames of ``C`` per input frame."""
+    b, c2, t, h, w = y.shape
+    return jnp.moveaxis(y.reshape(b, 2, c2 // 2, t, h, w), 1, 3).reshape(b, c2 // 2, 2 * t, h, w)
 
 
 FORWARD = {"residual": _residual, "attention": _attention,
@@ -370,22 +411,66 @@ FORWARD = {"residual": _residual, "attention": _attention,
 
 
 def decode(params: Params, z: jax.Array, config: VAEConfig, *,
-           constrain: Constrain = None) -> jax.Array:
+           constrain: Constrain = None, chunk: int | None = None) -> jax.Array:
     """Video ``[B, 3, 1 + 4 (T - 1), 8 h, 8 w]`` in ``[-1, 1]`` from a normalised latent.
 
     ``z`` is ``[B, z_dim, T, h, w]``, as the DiT produces it (before the official
     un-normalisation). Computes in ``z``'s dtype; shapes for other configs: :func:`video_shape`.
     ``constrain``: applied to the activations after every layer and to the video (a sharding
     constraint that keeps them split the same way, :mod:`aoizora_lab.parts`); none by default.
+    ``chunk``: ``None`` decodes all frames at once; ``k`` decodes as the official code does, the
+    first latent frame alone and then ``k`` at a time with the causal convs' cache
+    (:func:`streamed`), so at most ``k`` latent frames' activations are alive at once.
     """
     _check_latent_shape(config, tuple(z.shape))
+    return streamed(lambda x, stream: _decoder(params, x, config, constrain, stream), z, chunk)
+
+
+def _decoder(params: Params, z: jax.Array, config: VAEConfig, constrain: Constrain,
+             stream: Stream | None) -> jax.Array:
     keep = constrain or (lambda a: a)
     x = unnormalise(z, config.latent_mean, config.latent_std)
-    x = keep(causal_conv(causal_conv(keep(x), params, "conv2"), params, "decoder.conv1"))
+    x = keep(causal_conv(causal_conv(keep(x), params, "conv2"), params, "decoder.conv1",
+                         stream))
     for layer in middle_layers(_middle_width(config)) + _upsample_layers(config):
-        x = keep(FORWARD[layer.kind](x, params, layer))
+        x = keep(FORWARD[layer.kind](x, params, layer, stream))
     x = jax.nn.silu(rms_norm(x, params["decoder.head.0.gamma"]))
-    return keep(jnp.clip(causal_conv(x, params, "decoder.head.2"), -1.0, 1.0))
+    return keep(jnp.clip(causal_conv(x, params, "decoder.head.2", stream), -1.0, 1.0))
+
+
+def streamed(decoder: Callable[[jax.Array, Stream | None], jax.Array], z: jax.Array,
+             chunk: int | None) -> jax.Array:
+    """``decoder(z, None)`` all at once, or as the official ``WanVAE_.decode``: the first latent
+    frame alone (:attr:`Stream.first`), then the others ``chunk`` at a time in a ``lax.scan``
+    carrying the causal convs' frames (MaxDiffusion's ``vae_decode_chunk``). The last chunk is
+    padded with zero frames, whose outputs are cut off: causality keeps them out of the rest.
+    """
+    if chunk is None:
+        return decoder(z, None)
+    if not is_whole(chunk):
+        raise AoizoraError(
+            f"chunk={chunk!r} must be a positive number of latent frames, or None to decode "
+            "every frame at once; the official decode uses 1."
+        )
+    first = Stream()
+    head = decoder(z[:, :, :1], first)
+    rest = z.shape[2] - 1
+    if not rest:
+        return head
+    steps = -(-rest // chunk)
+    tail = jnp.pad(z[:, :, 1:], ((0, 0), (0, 0), (0, steps * chunk - rest), (0, 0), (0, 0)))
+    chunks = jnp.moveaxis(tail.reshape(*tail.shape[:2], steps, chunk, *tail.shape[3:]), 2, 0)
+
+    def step(cache: dict[str, jax.Array], piece: jax.Array
+             ) -> tuple[dict[str, jax.Array], jax.Array]:
+        stream = Stream(cache)
+        return stream.after, decoder(piece, stream)
+
+    _, out = lax.scan(step, first.after, chunks)  # [steps, B, C, frames per chunk, H, W]
+    out = jnp.moveaxis(out, 0, 2)
+    out = out.reshape(*out.shape[:2], -1, *out.shape[4:])
+    per_frame = out.shape[2] // (steps * chunk)
+    return jnp.concatenate([head, out[:, :, :rest * per_frame]], axis=2)
 
 
 def unnormalise(z: jax.Array, latent_mean: tuple[float, ...],

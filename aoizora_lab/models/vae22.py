@@ -65,6 +65,7 @@ from aoizora_lab.models.vae import (
     Constrain,
     Layer,
     Params,
+    Stream,
     attention_shapes,
     causal_conv,
     check_decoder_config,
@@ -73,6 +74,7 @@ from aoizora_lab.models.vae import (
     random_params,
     residual_shapes,
     rms_norm,
+    streamed,
     unnormalise,
     upsample_shapes,
 )
@@ -245,23 +247,27 @@ def load_decoder_params(source: Mapping[str, Any] | str | Path, config: VAE22Con
 
 # ----------------------------------------------------------------------------- forward
 
-def _dup_up(x: jax.Array, out_dim: int, factor_t: int) -> jax.Array:
+def _dup_up(x: jax.Array, out_dim: int, factor_t: int, first: bool = True) -> jax.Array:
     """Official ``DupUp3D(in, out, factor_t, factor_s=2)`` over all frames, ``first_chunk``
-    included: the first frame keeps only its last time phase, ``T -> 1 + f_t (T - 1)``."""
+    included: the first frame keeps only its last time phase, ``T -> 1 + f_t (T - 1)``. For a
+    later chunk of a streamed decode (``first`` False) every frame keeps every phase."""
     b, c, t, h, w = x.shape
     fs = 2
     x = jnp.repeat(x, out_dim * factor_t * fs * fs // c, axis=1)
     x = x.reshape(b, out_dim, factor_t, fs, fs, t, h, w).transpose(0, 1, 5, 2, 6, 3, 7, 4)
     x = x.reshape(b, out_dim, t * factor_t, h * fs, w * fs)
-    return x[:, :, factor_t - 1:]
+    return x[:, :, factor_t - 1:] if first else x
 
 
-def _up_block(x: jax.Array, params: Params, level: _Level) -> jax.Array:
+def _up_block(x: jax.Array, params: Params, level: _Level, stream: Stream | None = None
+              ) -> jax.Array:
     """Official ``Up_ResidualBlock``: residual blocks and resampler, plus the shortcut."""
     y = x
     for layer in level.layers:
-        y = FORWARD[layer.kind](y, params, layer)
-    return y + _dup_up(x, level.out_dim, level.shortcut_t) if level.shortcut_t else y
+        y = FORWARD[layer.kind](y, params, layer, stream)
+    if not level.shortcut_t:
+        return y
+    return y + _dup_up(x, level.out_dim, level.shortcut_t, stream is None or stream.first)
 
 
 def _unpatchify(x: jax.Array) -> jax.Array:
@@ -273,23 +279,31 @@ def _unpatchify(x: jax.Array) -> jax.Array:
 
 
 def decode(params: Params, z: jax.Array, config: VAE22Config, *,
-           constrain: Constrain = None) -> jax.Array:
+           constrain: Constrain = None, chunk: int | None = None) -> jax.Array:
     """Video ``[B, 3, 1 + 4 (T - 1), 16 h, 16 w]`` in ``[-1, 1]`` from a normalised latent.
 
     ``z`` is ``[B, z_dim, T, h, w]``, as the DiT produces it (before the official
     un-normalisation). Computes in ``z``'s dtype; shapes for other configs: :func:`video_shape`.
-    ``constrain``: as :func:`aoizora_lab.models.vae.decode`'s, after every layer and level.
+    ``constrain`` and ``chunk``: as :func:`aoizora_lab.models.vae.decode`'s (the constraint
+    after every layer and level).
     """
     _check_latent_shape(config, tuple(z.shape))
+    return streamed(lambda x, stream: _decoder(params, x, config, constrain, stream), z, chunk)
+
+
+def _decoder(params: Params, z: jax.Array, config: VAE22Config, constrain: Constrain,
+             stream: Stream | None) -> jax.Array:
     keep = constrain or (lambda a: a)
     x = unnormalise(z, config.latent_mean, config.latent_std)
-    x = keep(causal_conv(causal_conv(keep(x), params, "conv2"), params, "decoder.conv1"))
+    x = keep(causal_conv(causal_conv(keep(x), params, "conv2"), params, "decoder.conv1",
+                         stream))
     for layer in middle_layers(config.dec_dim * config.dim_mult[-1]):
-        x = keep(FORWARD[layer.kind](x, params, layer))
+        x = keep(FORWARD[layer.kind](x, params, layer, stream))
     for level in _levels(config):
-        x = keep(_up_block(x, params, level))
+        x = keep(_up_block(x, params, level, stream))
     x = jax.nn.silu(rms_norm(x, params["decoder.head.0.gamma"]))
-    return keep(jnp.clip(_unpatchify(causal_conv(x, params, "decoder.head.2")), -1.0, 1.0))
+    return keep(jnp.clip(_unpatchify(causal_conv(x, params, "decoder.head.2", stream)),
+                         -1.0, 1.0))
 
 
 def _check_latent_shape(config: VAE22Config, shape: tuple[int, ...]) -> None:
