@@ -119,6 +119,7 @@ def _plan_command(args: argparse.Namespace) -> int:
     import pandas as pd
 
     from aoizora_lab.compile import check_num_layers
+    from aoizora_lab.generation import OFFICIAL_STEPS, check_steps, plan_generation
     from aoizora_lab.planner import plan
     from aoizora_lab.progress import PROGRESS_ENV
     from aoizora_lab.versions import environment_variable
@@ -133,6 +134,12 @@ def _plan_command(args: argparse.Namespace) -> int:
                            "every survivor and every system's setup whatever the time; give "
                            "one of the two.")
     check_num_layers(args.layers, workload.config().num_layers)  # names the model's depth
+    if args.steps is not None and not args.whole:
+        raise AoizoraError(f"--steps {args.steps} counts the steps of a whole video: add "
+                           "--whole (a plan without it is one step).")
+    steps = OFFICIAL_STEPS if args.steps is None else args.steps
+    if args.whole:
+        check_steps(steps)
     preset = FULL_SEARCH if args.full else INTERACTIVE
     options = preset.replace(
         num_layers=args.layers, budget=args.budget, quiet=True, compare=args.compare,
@@ -198,6 +205,11 @@ def _plan_command(args: argparse.Namespace) -> int:
             print("\n".join(f"  {line}" for line in assessment.summary(topology)))
             print(assessment[:args.top].to_frame().drop(columns=["median_winner"])
                   .to_string(float_format=lambda v: f"{v:.4g}"))
+        if args.whole:
+            video = plan_generation(best, steps)
+            print(f"\nThe whole video ({steps} steps; text encoder and VAE decoder planned on "
+                  f"the same slice, each on its own mesh): {video.total_s:.4g} s")
+            print(video.to_frame().to_string(float_format=lambda v: f"{v:.4g}"))
         if args.compare:
             print("\nYour setup, and what to change (speedup = yours / that row):")
             print(result.advice().to_string(float_format=lambda v: f"{v:.4g}"))
@@ -327,6 +339,12 @@ def build_parser() -> argparse.ArgumentParser:
                     help="price the answer under N draws of the model's uncertain constants "
                          "and choices: intervals, the odds against each system and the "
                          "robust choice (default 256; 0: none)")
+    pl.add_argument("--whole", action="store_true",
+                    help="also plan the text encoder and the VAE decoder on the slice and "
+                         "print the whole video's time, part by part")
+    pl.add_argument("--steps", type=int, default=None, metavar="N",
+                    help="denoising steps of the whole video (with --whole; default: Wan "
+                         "2.1 T2V's official sample_steps, generation.OFFICIAL_STEPS)")
     pl.add_argument("--quiet", action="store_true",
                     help="no progress lines (each stage and compile as it finishes)")
     pl.set_defaults(run=_plan_command)

@@ -37,6 +37,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("baselines",),
     ("jobs",),
     ("planner",),
+    ("generation",),
     ("uncertainty",),
     # on top of the pipeline
     ("measure", "measure.clock", "measure.timing", "measure.microbench",

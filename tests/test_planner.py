@@ -4,7 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from tiny import TINY, WORKLOAD
+from tiny import TINY, WORKLOAD, fake_plan_part
 
 import aoizora_lab as az
 from aoizora_lab.baselines import SYSTEMS, USER, Status
@@ -173,6 +173,17 @@ def test_the_plan_is_assessed_under_an_ensemble_and_printed_with_its_odds(planne
     out = capsys.readouterr().out
     assert "How sure (the step under 32 draws" in out
     assert all(f"against {name}: P(plan faster) = " in out for name in planned.baselines.plans)
+    # --whole: the text encoder and the decoder around the plan (their compiles faked here;
+    # tests/test_parts.py compiles real ones).
+    from aoizora_lab import generation
+
+    monkeypatch.setattr(generation, "plan_part", fake_plan_part([0.25, 0.5])[0])
+    assert cli.main(["plan", "wan2.1-t2v-1.3b@832x480x81/v5e:2x4", "--quiet", "--draws", "0",
+                     "--whole", "--steps", "40"]) == 0
+    out = capsys.readouterr().out
+    whole = 0.25 + 40 * planned.best.predicted.total_s + 0.25
+    assert "The whole video (40 steps; text encoder and VAE decoder" in out
+    assert f"{whole:.4g} s" in out
 
 
 @pytest.mark.slow  # the planned fixture compiles in child processes

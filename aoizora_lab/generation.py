@@ -1,0 +1,114 @@
+"""A whole video: the text encoder, the denoising steps and the VAE decoder, each with its plan.
+
+What a person waits for is a generation, not a step::
+
+    seconds = encode + steps x step + decode
+
+- ``encode``: the UMT5 encoder on the prompt and, with CFG, the negative prompt, once
+  (:class:`~aoizora_lab.parts.EncodePart`, the fastest of
+  :func:`~aoizora_lab.parts.encode_splits`);
+- ``step``: the DiT plan's predicted step (:func:`aoizora_lab.planner.plan`'s ``best``, both
+  CFG passes) times the sampler's steps (the official ``sample_steps``: 50 for Wan 2.1 T2V);
+- ``decode``: the VAE decoder on the final latent, once (:class:`~aoizora_lab.parts.DecodePart`,
+  the fastest of :func:`~aoizora_lab.parts.decode_splits`).
+
+The three run one after the other on the same slice, each on its own mesh: a mesh is a Python
+object, so changing it between parts costs only moving what one part hands the next (the text
+states, 2 x 512 x 4096 values; the latent, 16 x 21 x 90 x 160 at 720p: a few MB each, against
+seconds of work), which is not priced. Whatever runs on the host (tokenising, the scheduler's
+arithmetic, copying the video out) is not modelled either: the breakdown is TPU time.
+
+Worked example (the numbers live in ``reports/benchmarks.md``, "Generation"): Wan 2.1 14B at
+720p on ``v6e:2x4`` with 50 steps is the DiT plan's step x 50, plus the encoder's best split
+(both prompts at once, heads over a few devices) and the decoder's best (latent tiles over the
+eight devices, streamed or all frames at once).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import pandas as pd
+
+from aoizora_lab.errors import AoizoraError, is_whole
+from aoizora_lab.parts import PricedParts, decode_splits, encode_splits, plan_part
+from aoizora_lab.realize import Plan
+from aoizora_lab.workload import DEFAULT_TEXT_LEN, Workload
+
+OFFICIAL_STEPS = 50
+"""Wan 2.1 T2V's ``sample_steps`` (official ``wan/configs``; MaxDiffusion's Wan 2.1 configs
+use 50 too)."""
+
+
+@dataclass(frozen=True)
+class Generation:
+    """The latency of one video, part by part (module docstring)."""
+
+    workload: Workload
+    steps: int
+    """Denoising steps (each one DiT step of both CFG passes)."""
+    step: Plan
+    """The DiT's plan; ``step.predicted.total_s`` is one step."""
+    encode: PricedParts
+    """The encoder splits tried; ``encode.best`` runs."""
+    decode: PricedParts
+    """The decoder splits tried; ``decode.best`` runs."""
+
+    @property
+    def encode_s(self) -> float:
+        return self.encode.best.seconds if self.encode.best else math.nan
+
+    @property
+    def decode_s(self) -> float:
+        return self.decode.best.seconds if self.decode.best else math.nan
+
+    @property
+    def steps_s(self) -> float:
+        return self.steps * self.step.predicted.total_s
+
+    @property
+    def total_s(self) -> float:
+        """The whole video (NaN where a part has no split that compiled)."""
+        return self.encode_s + self.steps_s + self.decode_s
+
+    def to_frame(self) -> pd.DataFrame:
+        """One row per part: its plan, seconds per call, calls, seconds and share."""
+        rows: list[dict[str, Any]] = []
+        for name, parts in (("text encoder", self.encode), ("VAE decode", self.decode)):
+            best = parts.best
+            rows.append({"part": name, "plan": best.part.name if best else "none compiled",
+                         "order": best.placement.description if best else "",
+                         "per_call_s": best.seconds if best else math.nan, "calls": 1})
+        step = self.step
+        rows.insert(1, {"part": "DiT steps",
+                        "plan": f"{step.candidate.name} ({step.flags.label} flags)",
+                        "order": step.placement.description,
+                        "per_call_s": step.predicted.total_s, "calls": self.steps})
+        frame = pd.DataFrame(rows)
+        frame["seconds"] = frame["per_call_s"] * frame["calls"]
+        frame["share"] = frame["seconds"] / self.total_s
+        return frame
+
+
+def check_steps(steps: Any) -> None:
+    if not is_whole(steps):
+        raise AoizoraError(
+            f"steps={steps!r} must be a positive number of denoising steps, e.g. "
+            f"{OFFICIAL_STEPS} (Wan 2.1 T2V's official sample_steps)."
+        )
+
+
+def plan_generation(step: Plan, steps: int = OFFICIAL_STEPS, **kwargs: Any) -> Generation:
+    """The whole video around a DiT plan ``step`` (``planner.plan(...).best``): the encoder's
+    and the decoder's splits compiled and priced on the same slice (``kwargs`` go to
+    :func:`~aoizora_lab.parts.price_part`: ``cache_dir``, ``timeout_s``, ``options``)."""
+    check_steps(steps)
+    workload, topology = step.workload, step.topology
+    n = topology.num_devices
+    encode = plan_part(encode_splits(n, prompts=2 if workload.cfg else 1,
+                                     text_len=DEFAULT_TEXT_LEN), topology, **kwargs)
+    decode = plan_part(decode_splits((1, *workload.latent_shape), n, vae="wan2.1"), topology,
+                       **kwargs)
+    return Generation(workload=workload, steps=steps, step=step, encode=encode, decode=decode)

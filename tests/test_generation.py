@@ -1,0 +1,67 @@
+"""A whole video's time: the parts add up, each part runs its fastest split that compiled,
+the splits asked for follow the workload, and the CLI prints the breakdown."""
+
+import math
+
+import pytest
+from tiny import fake_plan_part, priced_part
+
+from aoizora_lab import cli, generation
+from aoizora_lab.candidates import Candidate
+from aoizora_lab.cases import parse_case
+from aoizora_lab.cost import Predicted
+from aoizora_lab.errors import AoizoraError
+from aoizora_lab.generation import Generation, plan_generation
+from aoizora_lab.parts import DecodePart, EncodePart, PricedParts
+from aoizora_lab.placement import plain_order
+from aoizora_lab.realize import Plan
+from aoizora_lab.topology import Topology
+
+CASE = parse_case("wan2.1-t2v-14b@1280x720x81/v5e:2x4")
+
+
+def _step(seconds=2.0):
+    topology = Topology.simulated((2, 4), generation="v5e")
+    return Plan(workload=CASE.workload, topology=topology,
+                candidate=Candidate.from_name("cfg2-uly4-fsdp"), placement=plain_order(topology),
+                predicted=Predicted(seconds * 0.8, seconds * 0.3, seconds))
+
+
+def test_the_whole_video_is_encode_plus_steps_times_step_plus_decode(monkeypatch):
+    fake, asked = fake_plan_part([0.5, math.nan, 0.2, 3.0, 1.5])
+    monkeypatch.setattr(generation, "plan_part", fake)
+    video = plan_generation(_step(2.0), steps=40)
+    encodes, decodes = asked
+    # With CFG both prompts are encoded; the decoder gets the guided latent of one video.
+    assert all(isinstance(p, EncodePart) and p.prompts == 2 for p in encodes)
+    assert all(isinstance(p, DecodePart) and p.latent == (1, *CASE.workload.latent_shape)
+               for p in decodes)
+    # Each part runs its fastest split that compiled (an OOM is no plan).
+    assert video.encode_s == min(s for s in [0.5, math.nan, 0.2, 3.0, 1.5][:len(encodes)]
+                                 if not math.isnan(s))
+    assert video.steps_s == 40 * 2.0
+    assert video.total_s == pytest.approx(video.encode_s + 80.0 + video.decode_s)
+    frame = video.to_frame()
+    assert list(frame["part"]) == ["text encoder", "DiT steps", "VAE decode"]
+    assert frame["seconds"].sum() == pytest.approx(video.total_s)
+    assert frame["share"].sum() == pytest.approx(1.0)
+    assert frame.loc[1, "calls"] == 40 and frame.loc[1, "plan"].startswith("cfg2-uly4-fsdp")
+
+
+def test_a_part_with_no_split_that_compiled_leaves_the_total_unknown():
+    nothing = PricedParts([priced_part(EncodePart(), math.nan)])
+    video = Generation(workload=CASE.workload, steps=50, step=_step(),
+                       encode=nothing, decode=PricedParts([priced_part(DecodePart((1, 16, 21, 90,
+                                                                               160)), 1.0)]))
+    assert math.isnan(video.total_s)
+    assert video.to_frame().loc[0, "plan"] == "none compiled"
+
+
+def test_steps_must_be_a_positive_count():
+    with pytest.raises(AoizoraError, match=r"steps=0 must be a positive number.*50"):
+        plan_generation(_step(), steps=0)
+
+
+def test_the_cli_wants_whole_for_steps(capsys):
+    assert cli.main(["plan", "wan2.1-t2v-14b@1280x720x81/v5e:2x4", "--steps", "40"]) == 2
+    assert "add --whole" in capsys.readouterr().err
