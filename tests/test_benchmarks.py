@@ -440,3 +440,31 @@ def test_device_order_plan_rows_search_and_price_each_plan_under_every_order_mod
         assert row[f"{model}: vs plain"] >= 1 - 1e-9
     assert 0 <= row["their share of comm"] <= 1
     assert row["collectives following their order"] >= 0
+
+
+def test_the_generation_rows_compare_absolute_seconds_and_count_the_targets():
+    import math
+
+    from tiny import priced_part
+
+    from aoizora_lab.bench.generation import (
+        MEASUREMENTS,
+        TARGET_PCT,
+        GenerationCheck,
+        measurement_row,
+        targets,
+    )
+
+    m = MEASUREMENTS[0]
+    near = measurement_row(m, priced_part(m.part, m.published_s * (1 + TARGET_PCT / 200)))
+    far = measurement_row(m, priced_part(m.part, m.published_s * (1 + 2 * TARGET_PCT / 100)))
+    failed = measurement_row(MEASUREMENTS[-1], priced_part(MEASUREMENTS[-1].part, math.nan))
+    assert near["error_pct"] == pytest.approx(TARGET_PCT / 2)
+    assert (near["within_target"], far["within_target"], failed["within_target"]) == (
+        "yes", "no", "–")
+    assert "RESOURCE_EXHAUSTED" in failed["note"]
+    frame = pd.DataFrame([near, far, failed])
+    table = targets(frame).set_index("rows")
+    assert table.loc["primary (MaxDiffusion's configs)", f"within ±{TARGET_PCT:g} %"] == "1 of 2"
+    assert table.loc["all", "priced"] == "2 of 3" and (table["met"] == "missed").all()
+    assert "## Generation" in GenerationCheck(frame, targets(frame)).markdown()
