@@ -53,6 +53,11 @@ RATIO_PERCENT = 10.0
 side of 1 and within this many percent of it (a ratio near 1 hides a miss: 1.01 against
 1.03 is 2 % off, the difference behind it 3x)."""
 
+ABSOLUTE_PERCENT = 15.0
+"""The absolute target: a published run's TPU time (whole generation: the DiT steps and
+MaxDiffusion's VAE decode; denoise loop: the steps) within this many percent of the
+prediction."""
+
 SECTION = "## Published measurements"
 """This script's heading in ``reports/benchmarks.md``."""
 
@@ -593,14 +598,50 @@ def compiling_predictor(*, num_layers: int | None = 2, cache_dir: str | Path | N
     return run
 
 
+DecodePredictor = Callable[[Iterable[str]], Mapping[str, Any]]
+"""Prices MaxDiffusion's VAE decode on each case's slice: case -> a ``parts.PricedPart``."""
+
+
+def maxdiffusion_decode(case: str) -> Any:
+    """MaxDiffusion's decode of a case's video at 7cfb880 (the README's version): the latent's
+    width over every device (``vae_spatial: -1``), a latent frame at a time
+    (``vae_decode_chunk: 1``), float32 (``vae_dtype``), as ``parts.DecodePart``."""
+    from aoizora_lab.parts import DecodePart
+
+    parsed = parse_case(case)
+    return DecodePart((1, *parsed.workload.latent_shape), rows=1,
+                      cols=parsed.topology().num_devices, chunk=1)
+
+
+def decode_predictor(*, cache_dir: str | Path | None = None,
+                     progress: Callable[[str], None] | None = None) -> DecodePredictor:
+    """Compile and price :func:`maxdiffusion_decode` per case (``parts.price_part``)."""
+    from aoizora_lab.parts import price_part
+
+    def run(cases: Iterable[str]) -> dict[str, Any]:
+        out = {}
+        for case in dict.fromkeys(cases):
+            if missing_generation(case) is not None:
+                continue
+            if progress:
+                progress(f"published: MaxDiffusion's VAE decode for {case}")
+            out[case] = price_part(maxdiffusion_decode(case), parse_case(case).topology(),
+                                   cache_dir=cache_dir)
+        return out
+
+    return run
+
+
 def generation_of(case: str) -> str:
     """The chip generation of a case's slice (``tpu7x`` for ``.../tpu7x:2x2x1``)."""
     return case.rpartition("/")[2].partition(":")[0].strip().lower()
 
 
-def run_row(pair: RunPair, run: Run, prediction: RunPrediction) -> dict[str, Any]:
-    """One side of a pair: the rebuilt run, its predicted step (compute, exposed comm) and
-    the non-DiT time its prediction leaves."""
+def run_row(pair: RunPair, run: Run, prediction: RunPrediction,
+            decode: Any = None) -> dict[str, Any]:
+    """One side of a pair: the rebuilt run, its predicted step (compute, exposed comm), the
+    non-DiT time its prediction leaves and, absolutely, its predicted TPU time (a whole
+    generation adds ``decode``, MaxDiffusion's VAE decode priced as a part, where given)."""
     row: dict[str, Any] = {"measurement": pair.key, "run": run.label, "case": run.case,
                            "recipe": run.recipe, "candidate": prediction.candidate,
                            "flags": prediction.flags, "placement": prediction.placement,
@@ -614,10 +655,17 @@ def run_row(pair: RunPair, run: Run, prediction: RunPrediction) -> dict[str, Any
     # lowest the published time allows (more non-DiT time means a higher one).
     room = run.published_s / run.steps - prediction.fixed_s
     floor = prediction.attention_s / room if room > 0 else math.nan
+    if pair.timed == DENOISE_LOOP:
+        decode_s = 0.0
+    else:
+        decode_s = decode.seconds if decode is not None and decode.ok else math.nan
+    tpu = dit + decode_s
     return row | {"status": "ok", "compute_s": p.compute_s, "comm_s": p.comm_s,
                   "exposed_comm_s": p.total_s - p.compute_s, "step_s": p.total_s,
                   "dit_s": dit, "implied_non_dit_s": run.published_s - dit,
-                  "attention_efficiency_floor": floor}
+                  "attention_efficiency_floor": floor, "decode_s": decode_s, "tpu_s": tpu,
+                  "tpu_error_pct": error_percent(tpu, run.published_s),
+                  "host_left_s": run.published_s - tpu}
 
 
 def _why(pair: RunPair, a: Predicted, b: Predicted) -> str:
@@ -1240,7 +1288,14 @@ class PublishedCheck:
             "check columns count those that meet it):",
             markdown_table(self.predictions),
             "Each rebuilt run: predicted step (compute + exposed communication), the DiT "
-            "part of the published time (steps x step) and the non-DiT time that leaves:",
+            "part of the published time (steps x step) and the non-DiT time that leaves; "
+            "absolutely, `tpu_s` = the steps plus, for a whole generation, MaxDiffusion's VAE "
+            "decode at 7cfb880 (`decode_s`: the latent's width over every device, a latent "
+            "frame at a time, float32; `parts.DecodePart`, compiled and priced like a step), "
+            "`tpu_error_pct` against the published time and `host_left_s` what that leaves "
+            "for the host (MaxDiffusion encodes the text on the host CPU in PyTorch, '~10 s "
+            "per call' by its code's comments, twice with CFG; loading and copying the video "
+            "out), which nothing here models:",
             markdown_table(self.runs),
             floor_summary(self.runs),
             *([f"The compute models compared (`--compute-model`; `{DEFAULT_COMPUTE_MODEL}` "
@@ -1260,7 +1315,8 @@ COMPARISON_COLUMNS = ("measurement", "prediction", "compared", "attention", "tim
 RUN_COLUMNS = ("measurement", "run", "case", "recipe", "candidate", "flags", "placement",
                "status", "timed", "steps", "published_s", "compute_s", "comm_s",
                "exposed_comm_s", "step_s", "dit_s", "implied_non_dit_s",
-               "attention_efficiency_floor")
+               "attention_efficiency_floor", "decode_s", "tpu_s", "tpu_error_pct",
+               "host_left_s")
 GATHER_COLUMNS = ("prediction", "measurement", "quantity", "published", "predicted",
                   "error_pct", "independent", "why", "note", "source")
 
@@ -1270,12 +1326,14 @@ def published_check(predictor: Predictor, *, gathers: Iterable[GatherMeasurement
                     topology_of: Callable[[str], Topology] = Topology.from_name,
                     config: dict[str, Any] | None = None,
                     ensemble: Ensemble | None = DEFAULT_ENSEMBLE,
-                    range_sources: Sequence[RangeSource] = RANGE_SOURCES) -> PublishedCheck:
+                    range_sources: Sequence[RangeSource] = RANGE_SOURCES,
+                    decodes: DecodePredictor | None = None) -> PublishedCheck:
     """Compare every published figure with its prediction: the all-gathers directly, the
     runs through ``predictor`` (e.g. :func:`compiling_predictor`) as differences and ratios
     of pairs, counted per independent prediction; with ``ensemble`` (the predictor's own),
     each also against its interval under it (:func:`calibration`; ``range_sources``: the
-    published figures its ranges were taken from)."""
+    published figures its ranges were taken from); with ``decodes``
+    (:func:`decode_predictor`), every run also absolutely (:func:`absolute_targets`)."""
     pairs, gathers = list(pairs), list(gathers)
     wanted = [run.key for p in pairs if not p.not_modelled and p.a.key != p.b.key
               for run in (p.a, p.b)]
@@ -1283,9 +1341,12 @@ def published_check(predictor: Predictor, *, gathers: Iterable[GatherMeasurement
     rows = [pair_row(pair, predictions) for pair in pairs]
     independent = pd.DataFrame(prediction_rows(pairs, rows, predictions),
                                columns=list(PREDICTION_COLUMNS))
-    run_rows = [run_row(pair, run, predictions[run.key]) for pair in pairs
-                if not pair.not_modelled and pair.a.key != pair.b.key
-                for run in (pair.a, pair.b)]
+    modelled = [pair for pair in pairs if not pair.not_modelled and pair.a.key != pair.b.key]
+    decoded = {} if decodes is None else decodes(
+        [run.case for pair in modelled if pair.timed == WHOLE_GENERATION
+         for run in (pair.a, pair.b)])
+    run_rows = [run_row(pair, run, predictions[run.key], decoded.get(run.case))
+                for pair in modelled for run in (pair.a, pair.b)]
     comparisons = pd.DataFrame(rows, columns=list(COMPARISON_COLUMNS))
     lone = gather_rows(gathers, topology_of)
     gather_table = pd.DataFrame(lone, columns=list(GATHER_COLUMNS))
@@ -1293,9 +1354,27 @@ def published_check(predictor: Predictor, *, gathers: Iterable[GatherMeasurement
     calibrated = None if ensemble is None else calibration(
         pairs, rows, predictions, gathers, lone, ensemble=ensemble, topology_of=topology_of,
         sources=range_sources)
-    return PublishedCheck(comparisons, gather_table, independent, runs,
-                          published_targets(independent, comparisons, gather_table),
+    targets = published_targets(independent, comparisons, gather_table)
+    if decodes is not None:
+        targets = pd.concat([targets, absolute_targets(runs)], ignore_index=True)
+    return PublishedCheck(comparisons, gather_table, independent, runs, targets,
                           config or {}, calibration=calibrated)
+
+
+def absolute_targets(runs: pd.DataFrame) -> pd.DataFrame:
+    """The absolute check, over distinct published runs (a run in several pairs counts once):
+    the predicted TPU time within :data:`ABSOLUTE_PERCENT` of the published time."""
+    done = runs.dropna(subset=["tpu_s"]).drop_duplicates(subset=["run", "published_s", "case",
+                                                                 "recipe", "timed"])
+    loops = done[done["timed"] == DENOISE_LOOP]
+    inside = int((done["tpu_error_pct"].abs() <= ABSOLUTE_PERCENT).sum())
+    loop_inside = int((loops["tpu_error_pct"].abs() <= ABSOLUTE_PERCENT).sum())
+    return pd.DataFrame([
+        {"target": f"absolute: predicted TPU time within ±{ABSOLUTE_PERCENT:g} % of every "
+                   "published run (whole generations: steps + MaxDiffusion's VAE decode, the "
+                   "host's text encoder not modelled; denoise loops: steps)",
+         "value": f"{inside} of {len(done)} runs ({loop_inside} of {len(loops)} denoise loops)",
+         "met": met(inside == len(done)) if len(done) else "n/a"}])
 
 
 def _models_verdict(models: pd.DataFrame) -> str:
@@ -1352,7 +1431,9 @@ def main() -> None:
             compiling_predictor(num_layers=args.num_layers, cache_dir=args.cache_dir,
                                 workers=args.workers, progress=print, compute_model=model,
                                 ensemble=ensemble),
-            config={"num_layers": args.num_layers, "compute model": model}, ensemble=ensemble)
+            config={"num_layers": args.num_layers, "compute model": model}, ensemble=ensemble,
+            decodes=(decode_predictor(cache_dir=args.cache_dir, progress=print)
+                     if model == args.compute_model else None))
 
     checks = {model: check(model)
               for model in dict.fromkeys([args.compute_model, *COMPUTE_MODELS])}

@@ -519,3 +519,45 @@ def test_the_ranges_published_figures_set_are_named_and_leave_their_predictions_
     text = result.markdown()
     assert result.calibration.headline() in text and "ici_hop_latency" in text
     assert published.markdown_table(az.uncertainty.sources()) in text
+
+
+def test_the_absolute_check_adds_maxdiffusions_decode_to_whole_generations_only():
+    from tiny import priced_part
+
+    decode_s = 4.0
+    asked = []
+
+    def decodes(cases):
+        cases = list(cases)
+        asked.extend(cases)
+        return {c: priced_part(published.maxdiffusion_decode(c), decode_s) for c in cases}
+
+    loop = published.RunPair("loop", "src", "", _run("ulysses", ULYSSES, 100.0),
+                             _run("flash", FLASH, 125.0), timed=published.DENOISE_LOOP)
+    whole = published.RunPair("whole", "src", "", _run("flash", FLASH, 300.0),
+                              _run("ulysses", ULYSSES, 280.0))
+    step_of = {FLASH: 3.0, ULYSSES: 2.5}
+    result = published.published_check(_fake_predictor(step_of), gathers=[],
+                                        pairs=[loop, whole], topology_of=simulated,
+                                        decodes=decodes)
+    assert set(asked) == {CASE}  # the whole generations' slices only
+    runs = result.runs.set_index(["measurement", "run"])
+    # A whole generation: steps + the decode; its host time is what is left.
+    row = runs.loc[("whole", "flash")]
+    assert row["tpu_s"] == pytest.approx(40 * 3.0 + decode_s)
+    assert row["host_left_s"] == pytest.approx(300.0 - row["tpu_s"])
+    assert row["tpu_error_pct"] == pytest.approx((row["tpu_s"] / 300.0 - 1) * 100)
+    # A denoise loop is the steps alone.
+    assert runs.loc[("loop", "ulysses"), "tpu_s"] == pytest.approx(40 * 2.5)
+    target = result.targets.iloc[-1]
+    inside = sum(abs(e) <= published.ABSOLUTE_PERCENT
+                 for e in result.runs.drop_duplicates(["run", "published_s"])["tpu_error_pct"])
+    assert target["target"].startswith("absolute")
+    assert target["value"].startswith(f"{inside} of 4 runs (")
+    assert target["met"] == ("met" if inside == 4 else "missed")
+
+
+def test_maxdiffusions_decode_is_the_width_over_every_device_frame_by_frame():
+    part = published.maxdiffusion_decode("wan2.1-t2v-14b@1280x720x81/tpu7x:2x2x2")
+    assert (part.latent, part.rows, part.cols, part.chunk, part.dtype) == (
+        (1, 16, 21, 90, 160), 1, 16, 1, "float32")
