@@ -61,9 +61,9 @@ from aoizora_lab.records import Records
 from aoizora_lab.topology import Topology
 from aoizora_lab.versions import code_versions, digest, memoized
 
-VAES = ("wan2.1", "wan2.2")
-"""The VAE decoders a :class:`DecodePart` can run: Wan 2.1's (also Wan 2.2 A14B's) and
-Wan 2.2 TI2V-5B's."""
+VAES = {"wan2.1": 16, "wan2.2": 48}
+"""The VAE decoders a :class:`DecodePart` can run, with their latent channels: Wan 2.1's (also
+Wan 2.2 A14B's) and Wan 2.2 TI2V-5B's."""
 DTYPES = ("float32", "bfloat16")
 MIN_TILE = 2
 """Fewest latent rows (columns) a split device decodes: with one-row tiles and copies, XLA's
@@ -103,10 +103,15 @@ class DecodePart:
                 "integers, e.g. (1, 16, 21, 90, 160) for Wan 2.1 at 720p."
             )
         if self.vae not in VAES:
-            raise AoizoraError(f"DecodePart.vae={self.vae!r} must be one of {VAES}.")
+            raise AoizoraError(f"DecodePart.vae={self.vae!r} must be one of {tuple(VAES)}.")
+        if self.latent[1] != VAES[self.vae]:
+            raise AoizoraError(
+                f"DecodePart.latent={self.latent} has {self.latent[1]} channels; the {self.vae} "
+                f"VAE decodes {VAES[self.vae]}."
+            )
         for name, size in (("rows", self.latent[3]), ("cols", self.latent[4])):
             split = getattr(self, name)
-            if not (split == 1 or is_whole(split, 1, size // MIN_TILE)):
+            if not (is_whole(split) and (split == 1 or split <= size // MIN_TILE)):
                 raise AoizoraError(
                     f"DecodePart.{name}={split!r} must be 1 or an integer up to the latent's "
                     f"{size} {name} / {MIN_TILE}: tiles of at least {MIN_TILE} (MIN_TILE; a "

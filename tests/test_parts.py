@@ -97,6 +97,10 @@ def test_bad_parts_are_errors_that_name_the_value_and_the_fix():
         DecodePart((1, 16, 21, 90, 160), chunk=0)
     with pytest.raises(AoizoraError, match=r"vae='wan3'.*one of"):
         DecodePart((1, 16, 21, 90, 160), vae="wan3")
+    with pytest.raises(AoizoraError, match=r"has 16 channels; the wan2.2 VAE decodes 48"):
+        DecodePart((1, 16, 21, 90, 160), vae="wan2.2")
+    with pytest.raises(AoizoraError, match=r"cols=True must be 1 or an integer"):
+        DecodePart((1, 16, 21, 90, 160), cols=True)
     with pytest.raises(AoizoraError, match=r"latent=\(1, 16, 21\).*\[B, z_dim, T, h, w\]"):
         DecodePart((1, 16, 21))
     with pytest.raises(AoizoraError, match=r"prompt_split=2 must divide prompts=1"):
@@ -113,7 +117,8 @@ def test_bad_parts_are_errors_that_name_the_value_and_the_fix():
                                                   ((1, 16, 21, 60, 104), 256),
                                                   ((1, 48, 21, 44, 80), 16)])
 def test_decode_splits_use_the_most_devices_squarest_first(latent, devices):
-    splits = decode_splits(latent, devices, keep=3, chunks=(None,))
+    vae = "wan2.2" if latent[1] == 48 else "wan2.1"
+    splits = decode_splits(latent, devices, vae=vae, keep=3, chunks=(None,))
     h, w = latent[3], latent[4]
     possible = [(r, c) for r in range(1, h // 2 + 1) for c in range(1, w // 2 + 1)
                 if h % r == 0 and w % c == 0 and devices % (r * c) == 0]
