@@ -42,7 +42,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -375,6 +375,8 @@ class PricedPart:
     """Latency on ``placement`` (``cost.predict``), ``None`` where it did not compile."""
     placement: Placement | None
     """The fastest of the library orders (:func:`~aoizora_lab.placement.library_orders`)."""
+    program: CommProgram | None = field(default=None, repr=False, compare=False)
+    """The compiled program (for pricing it again, e.g. under an ensemble)."""
 
     @property
     def ok(self) -> bool:
@@ -443,7 +445,8 @@ def price_part(part: Part, topology: Topology, *, cache_dir: str | Path | None =
     return PricedPart(part=part, status=CompileStatus(raw["status"]),
                       message=raw.get("message", ""),
                       compile_seconds=float(raw.get("compile_seconds", 0.0)),
-                      hbm_bytes=float(hbm or math.nan), predicted=predicted, placement=placement)
+                      hbm_bytes=float(hbm or math.nan), predicted=predicted, placement=placement,
+                      program=program)
 
 
 def plan_part(parts: Sequence[Part], topology: Topology, **kwargs: Any) -> PricedParts:

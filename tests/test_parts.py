@@ -146,6 +146,11 @@ def test_a_decode_compiles_deviceless_and_prices_its_halos(tmp_path):
     assert priced.hbm_bytes > 0 and len(priced.placement) == 8
     again = price_part(part, topology, cache_dir=tmp_path)  # read back from the cache
     assert again.predicted == priced.predicted
+    # The program prices again under the plans' ensemble: a spread of positive times.
+    from aoizora_lab.uncertainty import price
+
+    draws = price(priced.program, topology, priced.placement)
+    assert (draws > 0).all() and draws.max() > draws.min()
 
 
 @pytest.mark.slow

@@ -25,11 +25,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from aoizora_lab.bench.report import markdown_table, met
 from aoizora_lab.parts import DecodePart, EncodePart, Part, PricedPart, price_part
 from aoizora_lab.topology import Topology
+from aoizora_lab.uncertainty import DEFAULT_ENSEMBLE, QUANTILES, Ensemble, price
 
 SECTION = "## Generation"
 TARGET_PCT = 15.0
@@ -113,7 +115,10 @@ class GenerationCheck:
             "cost model (`python benchmarks/generation.py` rewrites this section and keeps "
             "the others; nothing ran on a TPU). Absolute seconds: nothing cancels, so each row "
             "checks the chip constants and the compiler's estimates of convolution-heavy "
-            f"programs. Target: within ±{TARGET_PCT:g} % of the published TPU time. `primary`: "
+            f"programs. Target: within ±{TARGET_PCT:g} % of the published TPU time. "
+            "`p10_s` .. `p90_s`: the 80 % interval under the model's uncertain constants and "
+            "choices (`aoizora_lab.uncertainty`, the plans' ensemble), `inside_80` whether the "
+            "published time lies in it. `primary`: "
             "MaxDiffusion's own configuration, known from its code; the third-party rows "
             "(torchax) do not publish their split and check less.",
             markdown_table(self.rows),
@@ -127,7 +132,21 @@ def price_measurement(m: PartMeasurement, *, cache_dir: str | Path | None = None
                       cache_dir=cache_dir, timeout_s=timeout_s)
 
 
-def measurement_row(m: PartMeasurement, priced: PricedPart) -> dict[str, Any]:
+def interval(m: PartMeasurement, priced: PricedPart,
+             ensemble: Ensemble = DEFAULT_ENSEMBLE) -> dict[str, Any]:
+    """The part under every draw of ``ensemble`` (:func:`aoizora_lab.uncertainty.price`): its
+    80 % interval and whether the published time lies inside."""
+    if priced.program is None:
+        return {"p10_s": math.nan, "p50_s": math.nan, "p90_s": math.nan, "inside_80": "–"}
+    topology = Topology.from_name(m.slice_name, deviceless=True)
+    low, mid, high = np.quantile(price(priced.program, topology, priced.placement, ensemble),
+                                 QUANTILES)
+    return {"p10_s": low, "p50_s": mid, "p90_s": high,
+            "inside_80": "yes" if low <= m.published_s <= high else "no"}
+
+
+def measurement_row(m: PartMeasurement, priced: PricedPart,
+                    ensemble: Ensemble | None = DEFAULT_ENSEMBLE) -> dict[str, Any]:
     p = priced.predicted
     error = (p.total_s / m.published_s - 1) * 100 if p else math.nan
     return {"measurement": m.name, "slice": m.slice_name, "rebuilt": m.part.name,
@@ -137,6 +156,7 @@ def measurement_row(m: PartMeasurement, priced: PricedPart) -> dict[str, Any]:
             "exposed_comm_s": p.exposed_s if p else math.nan,
             "hbm_gib": priced.hbm_bytes / 2**30, "error_pct": error,
             "within_target": ("–" if not p else "yes" if abs(error) <= TARGET_PCT else "no"),
+            **(interval(m, priced, ensemble) if ensemble is not None else {}),
             "note": m.note + (f"; {priced.message[:160]}" if priced.message else ""),
             "source": m.source}
 
