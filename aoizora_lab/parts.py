@@ -33,8 +33,9 @@ Worked example: Wan 2.1 at 720p decodes a latent ``[1, 16, 21, 90, 160]``. On ``
 {1, 2} x {1, 2, 4, 8}; :func:`decode_splits` keeps those that use the most devices (2 x 4 and
 1 x 8), the squarest first (2 x 4: each device decodes a 45 x 40 latent tile, 360 x 320 pixels
 at the last level, and exchanges a tile's edges, 2 x (360 + 320) pixels a row or column per
-convolution). Each is compiled, and priced in plain order and in the orders ``jax.make_mesh``
-and ``mesh_utils.create_device_mesh`` give its ``(copies, rows, cols)`` mesh.
+convolution), each all frames at once and 5 latent frames at a time. Each is compiled, and
+priced in plain order and in the orders ``jax.make_mesh`` and
+``mesh_utils.create_device_mesh`` give its ``(copies, rows, cols)`` mesh.
 """
 
 from __future__ import annotations
@@ -319,13 +320,15 @@ _LOWER = {"decode": _lower_decode, "encode": _lower_encode}
 
 
 def decode_splits(latent: Sequence[int], num_devices: int, *, vae: str = "wan2.1",
-                  keep: int = 2, chunks: Sequence[int | None] = (None, 1)
+                  keep: int = 2, chunks: Sequence[int | None] = (None, 5)
                   ) -> list[DecodePart]:
     """The splits worth compiling for a decode of ``latent`` on ``num_devices``: rows x cols
     dividing the latent's rows and columns and the devices, those that use the most devices
     (compute per device falls as 1 / devices), the squarest tiles first (a tile's halo is its
-    perimeter), at most ``keep`` (module docstring's example), each with every ``chunks``
-    (all frames at once, and the official frame at a time, by default)."""
+    perimeter), at most ``keep`` (module docstring's example), each with every ``chunks``: by
+    default all frames at once (no loop; the most memory, which fits on larger slices) and 5
+    latent frames at a time (MaxDiffusion's ``vae_decode_chunk`` since its PR #464; the
+    official 1 carries the cache through 4x more steps)."""
     _, _, _, h, w = latent
     splits = [(r, c) for r in _splits(h) for c in _splits(w) if num_devices % (r * c) == 0]
     most = max(r * c for r, c in splits)
@@ -336,14 +339,15 @@ def decode_splits(latent: Sequence[int], num_devices: int, *, vae: str = "wan2.1
 
 
 def encode_splits(num_devices: int, *, prompts: int = 2, text_len: int = 512,
-                  max_tp: int = 8) -> list[EncodePart]:
-    """The encoder splits worth compiling on ``num_devices``: the prompts apart where they
-    divide, times tensor parallelism up to ``max_tp`` (past 8 the all-reduces of a
-    4096-wide, 512-token activation cost more than the quarter of a 10 ms layer they save,
-    a ratio from the FLOP and byte counts above)."""
-    return [EncodePart(prompts=prompts, text_len=text_len, prompt_split=p, tp=t)
-            for p in _divisors(prompts) for t in (1, 2, 4, 8, 16, 32, 64)
-            if t <= max_tp and num_devices % (p * t) == 0]
+                  max_tp: int = 4) -> list[EncodePart]:
+    """The encoder splits worth compiling on ``num_devices``: the prompts apart (each device
+    group encodes one prompt: no communication) where the devices allow, else together, times
+    tensor parallelism up to ``max_tp`` (each block's two all-reduces of a 512 x 4096
+    activation against a share of its 0.2 TFLOP: past 4 ways the split saves less than its
+    all-reduces cost on the slowest links; the search prices 1, 2 and 4)."""
+    split = prompts if num_devices % prompts == 0 else 1
+    return [EncodePart(prompts=prompts, text_len=text_len, prompt_split=split, tp=t)
+            for t in (1, 2, 4, 8, 16, 32, 64) if t <= max_tp and num_devices % (split * t) == 0]
 
 
 def _divisors(n: int) -> list[int]:

@@ -129,10 +129,14 @@ def test_decode_splits_use_the_most_devices_squarest_first(latent, devices):
     assert min(perimeters) == min(h // r + w // c for r, c in possible if r * c == most)
 
 
-def test_encode_splits_divide_the_devices_and_the_prompts():
-    splits = encode_splits(8, prompts=2, max_tp=8)
+@pytest.mark.parametrize(("devices", "prompts"), [(8, 2), (6, 2), (3, 2), (8, 1)])
+def test_encode_splits_put_the_prompts_apart_where_the_devices_allow(devices, prompts):
+    splits = encode_splits(devices, prompts=prompts, max_tp=4)
+    apart = prompts if devices % prompts == 0 else 1
     assert {(p.prompt_split, p.tp) for p in splits} == {
-        (p, t) for p in (1, 2) for t in (1, 2, 4, 8) if 8 % (p * t) == 0}
+        (apart, t) for t in (1, 2, 4) if devices % (apart * t) == 0}
+    for p in splits:
+        p.mesh_shape(devices)  # every split fits the slice
 
 
 @pytest.mark.slow
