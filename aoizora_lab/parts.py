@@ -329,13 +329,14 @@ def decode_splits(latent: Sequence[int], num_devices: int, *, vae: str = "wan2.1
     default all frames at once (no loop; the most memory, which fits on larger slices) and 5
     latent frames at a time (MaxDiffusion's ``vae_decode_chunk`` since its PR #464; the
     official 1 carries the cache through 4x more steps)."""
-    _, _, _, h, w = latent
+    _, _, t, h, w = latent
     splits = [(r, c) for r in _splits(h) for c in _splits(w) if num_devices % (r * c) == 0]
     most = max(r * c for r, c in splits)
     best = sorted((s for s in splits if s[0] * s[1] == most),
                   key=lambda s: (h // s[0] + w // s[1], s))
+    frames = dict.fromkeys(k if k is None else min(k, t) for k in chunks)  # a short video
     return [DecodePart(tuple(latent), vae=vae, rows=r, cols=c, chunk=k)
-            for r, c in best[:keep] for k in chunks]
+            for r, c in best[:keep] for k in frames]
 
 
 def encode_splits(num_devices: int, *, prompts: int = 2, text_len: int = 512,

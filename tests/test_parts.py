@@ -129,6 +129,11 @@ def test_decode_splits_use_the_most_devices_squarest_first(latent, devices):
     assert min(perimeters) == min(h // r + w // c for r, c in possible if r * c == most)
 
 
+def test_decode_splits_chunk_a_short_video_at_most_its_length():
+    splits = decode_splits((1, 16, 2, 4, 6), 8, chunks=(None, 1, 5))
+    assert {p.chunk for p in splits} == {None, 1, 2}
+
+
 @pytest.mark.parametrize(("devices", "prompts"), [(8, 2), (6, 2), (3, 2), (8, 1)])
 def test_encode_splits_put_the_prompts_apart_where_the_devices_allow(devices, prompts):
     splits = encode_splits(devices, prompts=prompts, max_tp=4)
