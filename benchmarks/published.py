@@ -655,15 +655,18 @@ def run_row(pair: RunPair, run: Run, prediction: RunPrediction,
     # lowest the published time allows (more non-DiT time means a higher one).
     room = run.published_s / run.steps - prediction.fixed_s
     floor = prediction.attention_s / room if room > 0 else math.nan
+    decode_status = "" if decode is None else (
+        "ok" if decode.ok else f"{decode.status}: {decode.message[:120]}")
     if pair.timed == DENOISE_LOOP:
-        decode_s = 0.0
+        decode_s, decode_status = 0.0, "not in a denoise loop"
     else:
         decode_s = decode.seconds if decode is not None and decode.ok else math.nan
     tpu = dit + decode_s
     return row | {"status": "ok", "compute_s": p.compute_s, "comm_s": p.comm_s,
                   "exposed_comm_s": p.total_s - p.compute_s, "step_s": p.total_s,
                   "dit_s": dit, "implied_non_dit_s": run.published_s - dit,
-                  "attention_efficiency_floor": floor, "decode_s": decode_s, "tpu_s": tpu,
+                  "attention_efficiency_floor": floor, "decode_s": decode_s,
+                  "decode_status": decode_status, "tpu_s": tpu,
                   "tpu_error_pct": error_percent(tpu, run.published_s),
                   "host_left_s": run.published_s - tpu}
 
@@ -1315,8 +1318,8 @@ COMPARISON_COLUMNS = ("measurement", "prediction", "compared", "attention", "tim
 RUN_COLUMNS = ("measurement", "run", "case", "recipe", "candidate", "flags", "placement",
                "status", "timed", "steps", "published_s", "compute_s", "comm_s",
                "exposed_comm_s", "step_s", "dit_s", "implied_non_dit_s",
-               "attention_efficiency_floor", "decode_s", "tpu_s", "tpu_error_pct",
-               "host_left_s")
+               "attention_efficiency_floor", "decode_s", "decode_status", "tpu_s",
+               "tpu_error_pct", "host_left_s")
 GATHER_COLUMNS = ("prediction", "measurement", "quantity", "published", "predicted",
                   "error_pct", "independent", "why", "note", "source")
 

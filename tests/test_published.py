@@ -547,6 +547,7 @@ def test_the_absolute_check_adds_maxdiffusions_decode_to_whole_generations_only(
     assert row["tpu_s"] == pytest.approx(40 * 3.0 + decode_s)
     assert row["host_left_s"] == pytest.approx(300.0 - row["tpu_s"])
     assert row["tpu_error_pct"] == pytest.approx((row["tpu_s"] / 300.0 - 1) * 100)
+    assert row["decode_status"] == "ok"
     # A denoise loop is the steps alone.
     assert runs.loc[("loop", "ulysses"), "tpu_s"] == pytest.approx(40 * 2.5)
     target = result.targets.iloc[-1]
@@ -555,6 +556,17 @@ def test_the_absolute_check_adds_maxdiffusions_decode_to_whole_generations_only(
     assert target["target"].startswith("absolute")
     assert target["value"].startswith(f"{inside} of 4 runs (")
     assert target["met"] == ("met" if inside == 4 else "missed")
+
+
+def test_a_decode_that_did_not_compile_leaves_the_run_unchecked_and_says_why():
+    from tiny import priced_part
+
+    pair = published.RunPair("whole", "src", "", _run("flash", FLASH, 300.0),
+                             _run("ulysses", ULYSSES, 280.0))
+    prediction = _fake_predictor({FLASH: 3.0})([pair.a.key])[pair.a.key]
+    failed = priced_part(published.maxdiffusion_decode(CASE), math.nan)
+    row = published.run_row(pair, pair.a, prediction, failed)
+    assert math.isnan(row["tpu_s"]) and row["decode_status"].startswith("oom: RESOURCE")
 
 
 def test_maxdiffusions_decode_is_the_width_over_every_device_frame_by_frame():
