@@ -18,10 +18,12 @@ states, 2 x 512 x 4096 values; the latent, 16 x 21 x 90 x 160 at 720p: a few MB 
 seconds of work), which is not priced. Whatever runs on the host (tokenising, the scheduler's
 arithmetic, copying the video out) is not modelled either: the breakdown is TPU time.
 
-Worked example (the numbers live in ``reports/benchmarks.md``, "Generation"): Wan 2.1 14B at
-720p on ``v6e:2x4`` with 50 steps is the DiT plan's step x 50, plus the encoder's best split
-(both prompts at once, heads over a few devices) and the decoder's best (latent tiles over the
-eight devices, streamed or all frames at once).
+Worked example: Wan 2.1 14B at 720p on ``v6e:2x4`` with 50 steps is the DiT plan's step x 50,
+plus the encoder's best split (the two prompts on two groups of devices, heads over up to
+four) and the decoder's best (latent tiles over the eight devices, all frames at once or five
+at a time). How the parts' predictions compare with published times (MaxDiffusion's VAE
+decodes, whole generations): ``reports/benchmarks.md``, "Generation" and "Published
+measurements".
 """
 
 from __future__ import annotations
