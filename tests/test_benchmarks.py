@@ -456,9 +456,11 @@ def test_the_generation_rows_compare_absolute_seconds_and_count_the_targets():
     )
 
     m = MEASUREMENTS[0]
-    near = measurement_row(m, priced_part(m.part, m.published_s * (1 + TARGET_PCT / 200)))
-    far = measurement_row(m, priced_part(m.part, m.published_s * (1 + 2 * TARGET_PCT / 100)))
-    failed = measurement_row(MEASUREMENTS[-1], priced_part(MEASUREMENTS[-1].part, math.nan))
+    near = measurement_row(m, priced_part(m.part, m.published_s * (1 + TARGET_PCT / 200)), None)
+    far = measurement_row(m, priced_part(m.part, m.published_s * (1 + 2 * TARGET_PCT / 100)),
+                          None)
+    failed = measurement_row(MEASUREMENTS[-1], priced_part(MEASUREMENTS[-1].part, math.nan),
+                             None)
     assert near["error_pct"] == pytest.approx(TARGET_PCT / 2)
     assert (near["within_target"], far["within_target"], failed["within_target"]) == (
         "yes", "no", "–")

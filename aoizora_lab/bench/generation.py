@@ -126,27 +126,22 @@ class GenerationCheck:
         ])
 
 
-def price_measurement(m: PartMeasurement, *, cache_dir: str | Path | None = None,
-                      timeout_s: float = 1800.0) -> PricedPart:
-    return price_part(m.part, Topology.from_name(m.slice_name, deviceless=True),
-                      cache_dir=cache_dir, timeout_s=timeout_s)
-
-
-def interval(m: PartMeasurement, priced: PricedPart,
+def interval(m: PartMeasurement, priced: PricedPart, topology: Topology | None,
              ensemble: Ensemble = DEFAULT_ENSEMBLE) -> dict[str, Any]:
-    """The part under every draw of ``ensemble`` (:func:`aoizora_lab.uncertainty.price`): its
-    80 % interval and whether the published time lies inside."""
-    if priced.program is None:
+    """The part under every draw of ``ensemble`` (:func:`aoizora_lab.uncertainty.price`) on
+    the ``topology`` it was priced on: its 80 % interval and whether the published time lies
+    inside (none where it did not compile)."""
+    if priced.program is None or topology is None:
         return {"p10_s": math.nan, "p50_s": math.nan, "p90_s": math.nan, "inside_80": "–"}
-    topology = Topology.from_name(m.slice_name, deviceless=True)
     low, mid, high = np.quantile(price(priced.program, topology, priced.placement, ensemble),
                                  QUANTILES)
     return {"p10_s": low, "p50_s": mid, "p90_s": high,
             "inside_80": "yes" if low <= m.published_s <= high else "no"}
 
 
-def measurement_row(m: PartMeasurement, priced: PricedPart,
+def measurement_row(m: PartMeasurement, priced: PricedPart, topology: Topology | None,
                     ensemble: Ensemble | None = DEFAULT_ENSEMBLE) -> dict[str, Any]:
+    """A measurement's row: ``priced`` (on ``topology``) against the published time."""
     p = priced.predicted
     error = (p.total_s / m.published_s - 1) * 100 if p else math.nan
     return {"measurement": m.name, "slice": m.slice_name, "rebuilt": m.part.name,
@@ -156,7 +151,7 @@ def measurement_row(m: PartMeasurement, priced: PricedPart,
             "exposed_comm_s": p.exposed_s if p else math.nan,
             "hbm_gib": priced.hbm_bytes / 2**30, "error_pct": error,
             "within_target": ("–" if not p else "yes" if abs(error) <= TARGET_PCT else "no"),
-            **(interval(m, priced, ensemble) if ensemble is not None else {}),
+            **(interval(m, priced, topology, ensemble) if ensemble is not None else {}),
             "note": m.note + (f"; {priced.message[:160]}" if priced.message else ""),
             "source": m.source}
 
@@ -180,8 +175,9 @@ def generation_check(measurements: Sequence[PartMeasurement] = MEASUREMENTS, *,
     """Every measurement rebuilt, compiled (through the compile cache) and priced."""
     rows = []
     for m in measurements:
-        priced = price_measurement(m, cache_dir=cache_dir)
-        rows.append(measurement_row(m, priced))
+        topology = Topology.from_name(m.slice_name, deviceless=True)
+        priced = price_part(m.part, topology, cache_dir=cache_dir)
+        rows.append(measurement_row(m, priced, topology))
         if progress:
             progress(f"{m.name}: {priced.status}, {rows[-1]['predicted_s']:.3g} s predicted, "
                      f"{m.published_s:g} s published")
