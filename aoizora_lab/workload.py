@@ -1,4 +1,4 @@
-"""What the planner optimises: one denoising step of a Wan 2.1 model on a video of a given size.
+"""What the planner optimises: one denoising step of a Wan model on a video of a given size.
 
 A :class:`Workload` fixes the model, the video size and whether classifier-free guidance runs
 (a conditional and an unconditional pass per step). From it follow the latent shape and the
@@ -6,6 +6,10 @@ token count, e.g. 832x480, 81 frames:
 
     latent = (16, (81 - 1) / 4 + 1, 480 / 8, 832 / 8) = (16, 21, 60, 104)
     tokens = 21 * (60 / 2) * (104 / 2) = 32,760
+
+The model's VAE sets the latent: Wan 2.2 TI2V-5B's compresses 16 x 16 pixels into 48 channels,
+so its official 1280x704, 121 frames is (48, 31, 44, 80) and 27,280 tokens, each with its own
+timestep (the model's per-token modulation).
 
 :func:`denoise_step` is the unit the planner compiles and times: both passes batched (batch 2,
 so a ``cfg`` mesh axis of 2 puts them on different devices, as MaxDiffusion does) and the
@@ -25,10 +29,6 @@ import jax.numpy as jnp
 from aoizora_lab.errors import AoizoraError, is_whole
 from aoizora_lab.models.parallel import ParallelPlan
 from aoizora_lab.models.wan import CLIP_DIM, CLIP_TOKENS, Params, WanConfig, forward
-
-VAE_STRIDE = (4, 8, 8)  # Wan 2.1 VAE: frames, height, width (official wan/configs)
-LATENT_CHANNELS = 16
-I2V_CONDITION_CHANNELS = 20  # 4 mask channels + 16 image-latent channels (official i2v)
 
 RESOLUTIONS: dict[str, tuple[int, int]] = {"480p": (832, 480), "720p": (1280, 720)}
 """Named video sizes (width, height) of the official Wan 2.1 presets."""
@@ -68,15 +68,19 @@ class Workload:
                 f"Workload.cfg={self.cfg!r} must be True (guidance: two passes per step) or "
                 "False (one pass)."
             )
-        spatial = VAE_STRIDE[1] * model.patch_size[1]
-        if self.height % spatial or self.width % (VAE_STRIDE[2] * model.patch_size[2]):
+        stride = model.vae_stride
+        spatial = stride[1] * model.patch_size[1]
+        if self.height % spatial or self.width % (stride[2] * model.patch_size[2]):
+            example = "832x480 or 1280x720" if spatial == 16 else "1280x704"
             raise AoizoraError(
                 f"Workload {self.width}x{self.height}: width and height must be multiples of "
-                f"{spatial} (VAE stride 8 x patch 2), e.g. 832x480 or 1280x720."
+                f"{spatial} (VAE stride {stride[1]} x patch {model.patch_size[1]}), e.g. "
+                f"{example}."
             )
-        if (self.frames - 1) % VAE_STRIDE[0]:
+        if (self.frames - 1) % stride[0]:
             raise AoizoraError(
-                f"Workload.frames={self.frames} must be 4n + 1 (e.g. 81) for the Wan VAE."
+                f"Workload.frames={self.frames} must be {stride[0]}n + 1 (e.g. 81) for the Wan "
+                "VAE."
             )
         if self.text_len > model.text_len:
             raise AoizoraError(
@@ -152,8 +156,10 @@ class Workload:
     @property
     def latent_shape(self) -> tuple[int, int, int, int]:
         """``(channels, latent frames, latent height, latent width)`` of the noisy latent."""
-        return (LATENT_CHANNELS, (self.frames - 1) // VAE_STRIDE[0] + 1,
-                self.height // VAE_STRIDE[1], self.width // VAE_STRIDE[2])
+        model = self.config()
+        stride = model.vae_stride
+        return (model.out_dim, (self.frames - 1) // stride[0] + 1, self.height // stride[1],
+                self.width // stride[2])
 
     @property
     def token_grid(self) -> tuple[int, int, int]:
@@ -168,18 +174,20 @@ class Workload:
         return math.prod(self.token_grid)
 
     def abstract_inputs(self, dtype: Any = jnp.bfloat16) -> dict[str, jax.ShapeDtypeStruct]:
-        """Shapes of :func:`denoise_step`'s inputs for one video (batch 1), nothing allocated."""
+        """Shapes of :func:`denoise_step`'s inputs for one video (batch 1), nothing allocated.
+        TI2V takes one timestep per token (as the official pipeline always passes it)."""
         model = self.config()
         shapes: dict[str, tuple[tuple[int, ...], Any]] = {
             "latents": ((1, *self.latent_shape), dtype),
-            "t": ((1,), jnp.float32),
+            "t": ((1, self.tokens) if model.model_type == "ti2v" else (1,), jnp.float32),
             "context": ((1, self.text_len, model.text_dim), dtype),
         }
         if self.cfg:
             shapes["negative_context"] = shapes["context"]
-        if model.model_type == "i2v":
+        if model.uses_clip:
             shapes["clip_fea"] = ((1, CLIP_TOKENS, CLIP_DIM), dtype)
-            shapes["y"] = ((1, I2V_CONDITION_CHANNELS, *self.latent_shape[1:]), dtype)
+        if model.condition_channels:
+            shapes["y"] = ((1, model.condition_channels, *self.latent_shape[1:]), dtype)
         return {name: jax.ShapeDtypeStruct(shape, dt) for name, (shape, dt) in shapes.items()}
 
     def random_inputs(self, key: jax.Array, dtype: Any = jnp.float32) -> dict[str, jax.Array]:
@@ -188,7 +196,7 @@ class Workload:
         keys = dict(zip(specs, jax.random.split(key, len(specs)), strict=True))
         inputs = {name: jax.random.normal(keys[name], s.shape, s.dtype)
                   for name, s in specs.items() if name != "t"}
-        inputs["t"] = jnp.full((1,), 500.0, jnp.float32)
+        inputs["t"] = jnp.full(specs["t"].shape, 500.0, jnp.float32)
         return inputs
 
 

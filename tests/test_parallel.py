@@ -66,6 +66,37 @@ def test_strategy_matches_the_unsharded_step(problem, shape, roles, fsdp):
     assert float(jnp.abs(out - reference).max()) <= TOLERANCE * scale
 
 
+# Wan 2.2 TI2V: 48 latent channels and one timestep per token (the first latent frame at 0, as
+# an image-conditioned video runs), so the per-token modulation is split with the tokens.
+TINY_TI2V = WanConfig(model_type="ti2v", in_dim=48, out_dim=48, dim=64, ffn_dim=128,
+                      num_heads=8, num_layers=2, text_dim=32, text_len=8, freq_dim=32)
+
+
+@pytest.fixture(scope="module")
+def per_token_problem():
+    params = init_params(TINY_TI2V, jax.random.key(2), std=0.2)
+    keys = jax.random.split(jax.random.key(3), 3)
+    t = jnp.full((3, 3, 3), 700.0).at[0].set(0.0).reshape(1, 27)
+    inputs = {"latents": jax.random.normal(keys[0], (1, 48, 3, 6, 6)), "t": t,
+              "context": jax.random.normal(keys[1], (1, 5, 32)),
+              "negative_context": jax.random.normal(keys[2], (1, 5, 32))}
+    reference = jax.jit(lambda p, i: denoise_step(
+        p, TINY_TI2V, plan=ParallelPlan(attention="dense"), **i))(params, inputs)
+    return params, inputs, reference
+
+
+@pytest.mark.parametrize(("shape", "roles", "fsdp"), [STRATEGIES[i] for i in (1, 2, 4, 9, 14)],
+                         ids=lambda v: str(v).replace(" ", ""))
+def test_per_token_timesteps_shard_with_the_tokens(per_token_problem, shape, roles, fsdp):
+    params, inputs, reference = per_token_problem
+    devices = np.array(jax.devices()[:int(np.prod(shape))]).reshape(shape)
+    plan = ParallelPlan(Mesh(devices, tuple(roles)), roles, fsdp_axes=fsdp, attention_block=8)
+    sharded = jax.device_put(params, param_shardings(TINY_TI2V, plan))
+    out = jax.jit(lambda p, i: denoise_step(p, TINY_TI2V, plan=plan, **i))(sharded, inputs)
+    scale = float(jnp.abs(reference).max())
+    assert float(jnp.abs(out - reference).max()) <= TOLERANCE * scale
+
+
 def test_guidance_combines_the_two_passes(problem):
     params, inputs, reference = problem
     plain = ParallelPlan(attention="dense")

@@ -12,12 +12,15 @@ from aoizora_lab.models.wan import (
     CLIP_DIM,
     CLIP_TOKENS,
     PRESETS,
+    SAMPLING,
     WanConfig,
     abstract_params,
     forward,
     init_params,
     load_official_weights,
+    expert_steps,
     param_count,
+    sampling_timesteps,
     time_sinusoid,
 )
 
@@ -82,7 +85,83 @@ def test_presets_have_the_official_sizes():
     leaves = jax.tree.leaves(abstract_params(big))
     assert all(isinstance(leaf, jax.ShapeDtypeStruct) for leaf in leaves)
     assert sum(np.prod(leaf.shape) for leaf in leaves) == param_count(big)
-    assert set(PRESETS) == {"wan2.1-t2v-1.3b", "wan2.1-t2v-14b", "wan2.1-i2v-14b"}
+    assert {name for name in PRESETS if name.startswith("wan2.1")} == {
+        "wan2.1-t2v-1.3b", "wan2.1-t2v-14b", "wan2.1-i2v-14b"}
+
+
+def test_wan22_presets_have_the_official_sizes():
+    # Each A14B expert is Wan 2.1 14B's shape ("A14B": 27B in all, 14B active per step).
+    t2v, i2v = WanConfig.preset("wan2.2-t2v-a14b"), WanConfig.preset("wan2.2-i2v-a14b")
+    assert param_count(t2v) == param_count(WanConfig.preset("wan2.1-t2v-14b"))
+    # Wan 2.2's i2v drops Wan 2.1's CLIP projection and image cross-attention.
+    assert not i2v.uses_clip and i2v.condition_channels == 20
+    assert param_count(i2v) < param_count(WanConfig.preset("wan2.1-i2v-14b"))
+    ti2v = WanConfig.preset("wan2.2-ti2v-5b")
+    assert ti2v.head_dim == 128 and ti2v.vae_stride == (4, 16, 16)
+    assert 4.5e9 < param_count(ti2v) < 5.5e9  # "5B"
+    assert set(SAMPLING) == set(PRESETS)
+
+
+SCHEDULES = json.loads((FIXTURES / "wan22_schedules.json").read_text())["schedules"]
+
+
+@pytest.mark.parametrize("official", SCHEDULES, ids=lambda s: f"{s['steps']}@{s['shift']}")
+def test_sampling_timesteps_are_the_official_schedulers(official):
+    ours = sampling_timesteps(official["steps"], official["shift"])
+    assert ours.tolist() == official["timesteps"]
+
+
+@pytest.mark.parametrize("name", ["wan2.2-t2v-a14b", "wan2.2-i2v-a14b", "wan2.1-t2v-14b"])
+def test_expert_steps_split_at_the_boundary(name):
+    sampling = SAMPLING[name]
+    high, low = expert_steps(sampling)
+    assert high + low == sampling.steps
+    if sampling.boundary is None:
+        assert low == 0
+        return
+    official = next(s["timesteps"] for s in SCHEDULES
+                    if (s["steps"], s["shift"]) == (sampling.steps, sampling.shift))
+    # The official pipelines' test, step by step: t >= boundary * num_train_timesteps.
+    assert high == sum(t >= sampling.boundary * 1000 for t in official)
+    assert 0 < low < sampling.steps
+
+
+@pytest.mark.parametrize("name", ["ti2v", "i2v", "t2v"])
+def test_wan22_official_weights_in_official_outputs_out(name):
+    path = FIXTURES / f"wan22_tiny_{name}.safetensors"
+    meta = json.loads(path.with_suffix(".json").read_text())
+    tensors = load_safetensors(path)
+    cfg = WanConfig(**meta["config"], clip=False)
+    params = load_official_weights(path, cfg)
+    run = jax.jit(lambda p, x, t, c, y: forward(p, cfg, x, t, c, y=y))
+    for i in range(2):  # one video a call, as the fixture was made
+        y = tensors.get(f"input.y.{i}")
+        t = jnp.asarray(tensors["input.t"][i:i + 1])
+        out = run(params, tensors[f"input.x.{i}"][None], t, tensors[f"input.context.{i}"][None],
+                  None if y is None else y[None])
+        expected = tensors[f"output.{i}"][None]
+        rel = np.linalg.norm(np.asarray(out) - expected) / np.linalg.norm(expected)
+        assert out.shape == expected.shape and rel < 1e-5
+    if meta["per_token_timesteps"]:
+        # The image-conditioned sample's first latent frame really is at t = 0.
+        first = meta["tokens"] // tensors["input.x.0"].shape[1]
+        assert float(np.abs(tensors["input.t"][0, :first]).max()) == 0.0
+        assert float(tensors["input.t"][1].min()) > 0.0
+
+
+def test_per_token_timesteps_move_only_where_they_differ():
+    cfg = WanConfig(model_type="ti2v", in_dim=48, out_dim=48, dim=64, ffn_dim=96, num_heads=4,
+                    num_layers=2, text_dim=32, text_len=8, freq_dim=32)
+    params = init_params(cfg, jax.random.key(0), std=0.2)
+    keys = jax.random.split(jax.random.key(1), 2)
+    x = jax.random.normal(keys[0], (1, 48, 2, 4, 4))
+    ctx = jax.random.normal(keys[1], (1, 6, 32))
+    run = jax.jit(lambda t: forward(params, cfg, x, t, ctx))
+    same = run(jnp.full((1, 8), 600.0))
+    np.testing.assert_allclose(same, run(jnp.array([600.0])), rtol=1e-5, atol=1e-5)
+    assert not np.allclose(same, run(jnp.array([600.0] * 4 + [0.0] * 4)[None]), atol=1e-4)
+    with pytest.raises(AoizoraError, match=r"t has shape \(1, 7\).*\[1, 8\]"):
+        forward(params, cfg, x, jnp.ones((1, 7)), ctx)
 
 
 @pytest.mark.parametrize(("kwargs", "pattern"), [
@@ -92,6 +171,8 @@ def test_presets_have_the_official_sizes():
     ({"num_layers": 0}, r"num_layers=0"),
     ({"patch_size": "ab"}, r"patch_size='ab'.*\(1, 2, 2\)"),
     ({"window_size": None}, r"window_size=None"),
+    ({"vae_stride": (4, 16)}, r"vae_stride=\(4, 16\).*\(4, 16, 16\)"),
+    ({"clip": "yes"}, r"clip='yes'"),
 ])
 def test_bad_configs_name_the_value(kwargs, pattern):
     with pytest.raises(AoizoraError, match=pattern):
@@ -120,6 +201,9 @@ def test_i2v_uses_the_image_and_the_condition_latents():
     assert not np.allclose(base, run(clip, y * 0.5), atol=1e-4)
     with pytest.raises(AoizoraError, match="clip_fea"):
         forward(params, TINY_I2V, x, t, ctx, y=y)
+    without = WanConfig(**{**vars(TINY_I2V), "clip": False})
+    with pytest.raises(AoizoraError, match=r"clip_fea given.*WanConfig.clip=False"):
+        forward(init_params(without, jax.random.key(0)), without, x, t, ctx, clip_fea=clip, y=y)
 
 
 def test_bad_inputs_name_the_shape():

@@ -25,6 +25,22 @@ def test_presets_give_the_published_token_counts():
     assert small.batch == 2 and Workload.preset("wan2.1-t2v-1.3b", "480p", cfg=False).batch == 1
 
 
+def test_wan22_workloads_take_their_vae_and_timesteps():
+    # TI2V-5B's official 1280x704, 121 frames through the Wan 2.2 VAE (4 x 16 x 16, 48 channels)
+    ti2v = Workload.parse("wan2.2-ti2v-5b@1280x704x121")
+    stride = ti2v.config().vae_stride
+    assert ti2v.latent_shape == (48, 1 + 120 // stride[0], 704 // stride[1], 1280 // stride[2])
+    assert ti2v.tokens == ti2v.latent_shape[1] * (704 // 32) * (1280 // 32)
+    inputs = ti2v.abstract_inputs()
+    assert inputs["t"].shape == (1, ti2v.tokens) and "y" not in inputs
+    # I2V-A14B: the condition latents, no CLIP tokens
+    i2v = Workload.parse("wan2.2-i2v-a14b@1280x720x81").abstract_inputs()
+    assert set(i2v) == {"latents", "t", "context", "negative_context", "y"}
+    assert Workload.parse(ti2v.name) == ti2v
+    with pytest.raises(AoizoraError, match=r"1280x720.*multiples of 32.*1280x704"):
+        Workload.parse("wan2.2-ti2v-5b@720p")
+
+
 def test_abstract_inputs_allocate_nothing_and_match_the_model():
     w = Workload.preset("wan2.1-i2v-14b", "480p")
     inputs = w.abstract_inputs()
@@ -101,3 +117,6 @@ def test_denoise_step_lowers_on_host_devices():
                          dtype=jnp.float32)
     text = lowered.as_text()
     assert "all_to_all" in text and "sharding" in text
+    ti2v = lower_step(Workload.parse("wan2.2-ti2v-5b@1280x704x121"), plan, num_layers=1,
+                      dtype=jnp.float32)
+    assert "all_to_all" in ti2v.as_text()

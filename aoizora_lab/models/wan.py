@@ -1,14 +1,15 @@
-"""Wan 2.1 diffusion transformer in JAX, faithful to the official ``wan/modules/model.py``.
+"""Wan 2.1 and 2.2 diffusion transformers in JAX, faithful to the official ``wan/modules/model.py``.
 
 One forward pass maps a noisy latent video ``x`` ``[B, C_in, F, H, W]``, timesteps ``t`` ``[B]``
-and text embeddings ``context`` ``[B, L, text_dim]`` to the model's prediction
+(or ``[B, tokens]``, one per token, as Wan 2.2's TI2V runs) and text embeddings ``context`` ``[B, L, text_dim]`` to the model's prediction
 ``[B, C_out, F, H, W]``:
 
 1. patch embedding: a Conv3d with kernel = stride = ``patch_size``, tokens in (f, h, w) order;
 2. time: a ``[cos, sin]`` sinusoid (frequencies ``10000^(-i/half)``) -> Linear-SiLU-Linear ->
-   ``e``; SiLU-Linear -> six modulation vectors ``e0`` (float32);
+   ``e``; SiLU-Linear -> six modulation vectors ``e0`` (float32), per sample or per token;
 3. text: zero-padded to ``text_len`` *before* the Linear-GELU(tanh)-Linear embedding (the
-   padding is not masked later); i2v adds 257 CLIP tokens through an MLP projection;
+   padding is not masked later); Wan 2.1's i2v adds 257 CLIP tokens through an MLP projection
+   (Wan 2.2's i2v has none: its image enters only as the ``y`` latent channels);
 4. ``num_layers`` blocks under ``lax.scan`` over stacked parameters, each: modulated LayerNorm
    -> self-attention (full-width RMSNorm on q and k, 3D RoPE on interleaved pairs with the head
    dim split 44/42/42 for frame/height/width when it is 128) -> gated residual; cross-attention
@@ -16,6 +17,13 @@ and text embeddings ``context`` ``[B, L, text_dim]`` to the model's prediction
    residual. The residual stream is float32, as under the official autocast;
 5. head: two modulation vectors from ``e``, LayerNorm, Linear; unpatchify with per-token
    features ordered ``(pt, ph, pw, c)``.
+
+Wan 2.2 (``wan2.2-*`` presets; official ``Wan-Video/Wan2.2``) changes three things: the
+modulation may differ per token (TI2V gives the image's first latent frame ``t = 0``), i2v drops
+the CLIP tokens, and TI2V-5B has its own widths, a 48-channel latent and a VAE that compresses
+16 x 16 pixels. The A14B models are two experts of Wan 2.1 14B's shape, one before and one
+after a boundary timestep (:data:`SAMPLING`): each step runs one of them, so a step's program
+is one expert's.
 
 Sharding comes from a :class:`~aoizora_lab.models.parallel.ParallelPlan`; without one the model
 runs unsharded. Padding added to make the token axis divisible is masked out of self-attention
@@ -51,10 +59,12 @@ _CLIP_LN_EPS = 1e-5  # torch.nn.LayerNorm default, used by the official MLPProj
 
 @dataclass(frozen=True)
 class WanConfig:
-    """Wan 2.1 model hyper-parameters, named exactly as the official config keys."""
+    """Wan 2.1 / 2.2 model hyper-parameters, named exactly as the official config keys."""
 
     model_type: str = "t2v"
-    """``"t2v"`` (text-to-video) or ``"i2v"`` (image-to-video: CLIP tokens and ``y``)."""
+    """``"t2v"`` (text-to-video), ``"i2v"`` (image-to-video: the ``y`` condition latents, and
+    CLIP tokens where :attr:`clip`) or ``"ti2v"`` (Wan 2.2 TI2V-5B: text, or text and image
+    through the first latent frame and per-token timesteps)."""
     patch_size: tuple[int, int, int] = (1, 2, 2)
     """Patch (frames, height, width) of the patch embedding."""
     text_len: int = 512
@@ -83,9 +93,16 @@ class WanConfig:
     """Affine LayerNorm before cross-attention."""
     eps: float = 1e-6
     """Epsilon of every norm."""
+    clip: bool = True
+    """i2v only: CLIP image tokens as a second cross-attention context (Wan 2.1's ``img_emb``).
+    Wan 2.2's i2v has none: ``False``."""
+    vae_stride: tuple[int, int, int] = (4, 8, 8)
+    """Pixels per latent (frames, height, width): (4, 8, 8) for the Wan 2.1 VAE (every 2.1 model
+    and the 2.2 A14B ones), (4, 16, 16) for the Wan 2.2 VAE of TI2V-5B."""
 
     def __post_init__(self) -> None:
-        for name, example in (("patch_size", "(1, 2, 2)"), ("window_size", "(-1, -1)")):
+        for name, example in (("patch_size", "(1, 2, 2)"), ("window_size", "(-1, -1)"),
+                              ("vae_stride", "(4, 8, 8)")):
             value = getattr(self, name)
             try:
                 object.__setattr__(self, name, tuple(int(v) for v in value))
@@ -97,10 +114,14 @@ class WanConfig:
 
     def validate(self) -> None:
         """Raise :class:`AoizoraError` on values the model cannot run."""
-        if self.model_type not in ("t2v", "i2v"):
+        if self.model_type not in ("t2v", "i2v", "ti2v"):
             raise AoizoraError(
-                f"WanConfig.model_type={self.model_type!r}; supported types are 't2v' and 'i2v'."
+                f"WanConfig.model_type={self.model_type!r}; supported types are 't2v', 'i2v' "
+                "and 'ti2v'."
             )
+        if not isinstance(self.clip, bool):
+            raise AoizoraError(f"WanConfig.clip={self.clip!r} must be True (Wan 2.1 i2v) or "
+                               "False (Wan 2.2).")
         for name in ("text_len", "in_dim", "dim", "ffn_dim", "freq_dim", "text_dim", "out_dim",
                      "num_heads", "num_layers"):
             value = getattr(self, name)
@@ -121,6 +142,21 @@ class WanConfig:
                 f"WanConfig.patch_size={self.patch_size} must be three positive ints and "
                 f"freq_dim={self.freq_dim} even."
             )
+        if len(self.vae_stride) != 3 or min(self.vae_stride) < 1:
+            raise AoizoraError(
+                f"WanConfig.vae_stride={self.vae_stride} must be three positive ints, e.g. "
+                "(4, 8, 8) (Wan 2.1 VAE) or (4, 16, 16) (Wan 2.2 VAE)."
+            )
+
+    @property
+    def uses_clip(self) -> bool:
+        """Whether the model reads CLIP image tokens (Wan 2.1's i2v)."""
+        return self.model_type == "i2v" and self.clip
+
+    @property
+    def condition_channels(self) -> int:
+        """Channels of the i2v condition ``y`` (4 mask + 16 image latents = 20), else 0."""
+        return self.in_dim - self.out_dim if self.model_type == "i2v" else 0
 
     @property
     def head_dim(self) -> int:
@@ -146,13 +182,69 @@ class WanConfig:
         return dataclasses.replace(self, num_layers=num_layers)
 
 
-# Official configs (wan/configs/wan_t2v_1_3B.py, wan_t2v_14B.py, wan_i2v_14B.py).
+# Official configs: Wan2.1 wan/configs/wan_t2v_1_3B.py, wan_t2v_14B.py, wan_i2v_14B.py;
+# Wan2.2 wan/configs/wan_t2v_A14B.py, wan_i2v_A14B.py (one expert each), wan_ti2v_5B.py, with
+# in_dim / out_dim from the released checkpoints' config.json.
 PRESETS: dict[str, WanConfig] = {
     "wan2.1-t2v-1.3b": WanConfig(dim=1536, ffn_dim=8960, num_heads=12, num_layers=30),
     "wan2.1-t2v-14b": WanConfig(dim=5120, ffn_dim=13824, num_heads=40, num_layers=40),
     "wan2.1-i2v-14b": WanConfig(model_type="i2v", in_dim=36, dim=5120, ffn_dim=13824,
                                 num_heads=40, num_layers=40),
+    "wan2.2-t2v-a14b": WanConfig(dim=5120, ffn_dim=13824, num_heads=40, num_layers=40),
+    "wan2.2-i2v-a14b": WanConfig(model_type="i2v", clip=False, in_dim=36, dim=5120,
+                                 ffn_dim=13824, num_heads=40, num_layers=40),
+    "wan2.2-ti2v-5b": WanConfig(model_type="ti2v", in_dim=48, out_dim=48, dim=3072,
+                                ffn_dim=14336, num_heads=24, num_layers=30,
+                                vae_stride=(4, 16, 16)),
 }
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """A preset's official sampler: what one video runs (``wan/configs``, ``generate.py``)."""
+
+    steps: int
+    """``sample_steps``: denoising steps, each one DiT call per CFG pass."""
+    shift: float
+    """``sample_shift`` of the flow-matching UniPC schedule (:func:`sampling_timesteps`)."""
+    boundary: float | None = None
+    """A14B only: steps whose timestep is at least ``boundary`` x 1000 run the high-noise
+    expert, the rest the low-noise one (two 14B models; :func:`expert_steps`)."""
+
+
+# Wan 2.1's configs leave steps and shift to generate.py: 50 steps (40 for i2v) and shift 5.0
+# (3.0 for i2v at 480p, not a preset here).
+SAMPLING: dict[str, Sampling] = {
+    "wan2.1-t2v-1.3b": Sampling(steps=50, shift=5.0),
+    "wan2.1-t2v-14b": Sampling(steps=50, shift=5.0),
+    "wan2.1-i2v-14b": Sampling(steps=40, shift=5.0),
+    "wan2.2-t2v-a14b": Sampling(steps=40, shift=12.0, boundary=0.875),
+    "wan2.2-i2v-a14b": Sampling(steps=40, shift=5.0, boundary=0.900),
+    "wan2.2-ti2v-5b": Sampling(steps=50, shift=5.0),
+}
+TRAIN_TIMESTEPS = 1000  # official num_train_timesteps
+
+
+def sampling_timesteps(steps: int, shift: float) -> np.ndarray:
+    """The official ``FlowUniPCMultistepScheduler.set_timesteps(steps, shift=shift)``
+    timesteps (int64), built as its ``__init__`` (``shift=1``) and ``set_timesteps`` do: sigmas
+    ``linspace(sigma_max, 0, steps + 1)[:-1]`` with ``sigma_max`` = 0.999 as float32, shifted
+    ``shift s / (1 + (shift - 1) s)``, times 1000, truncated. Example: 40 steps at shift 12
+    start 999, 997, 995 and stay above 875 for 26 steps."""
+    sigma_max = float(np.float32(1.0 - 1.0 / TRAIN_TIMESTEPS))
+    sigmas = np.linspace(sigma_max, 0.0, steps + 1)[:-1]
+    sigmas = shift * sigmas / (1 + (shift - 1) * sigmas)
+    return (sigmas * TRAIN_TIMESTEPS).astype(np.int64)
+
+
+def expert_steps(sampling: Sampling) -> tuple[int, int]:
+    """``(high-noise steps, low-noise steps)`` of an A14B sampler: the official pipelines run
+    the high-noise expert while ``t >= boundary * 1000``. A single model: ``(steps, 0)``."""
+    if sampling.boundary is None:
+        return sampling.steps, 0
+    high = int((sampling_timesteps(sampling.steps, sampling.shift)
+                >= sampling.boundary * TRAIN_TIMESTEPS).sum())
+    return high, sampling.steps - high
 
 
 # ----------------------------------------------------------------------------- parameters
@@ -193,7 +285,7 @@ def param_leaves(cfg: WanConfig) -> Params:
     blocks: dict[str, Any] = {
         "modulation": ((*layers, 6, d), "modulation", None),
         "self_attn": _attention_leaves(cfg, layers, image=False),
-        "cross_attn": _attention_leaves(cfg, layers, image=cfg.model_type == "i2v"),
+        "cross_attn": _attention_leaves(cfg, layers, image=cfg.uses_clip),
         "ffn": {"fc1": _linear(d, cfg.ffn_dim, layers, "column"),
                 "fc2": _linear(cfg.ffn_dim, d, layers, "row")},
     }
@@ -210,7 +302,7 @@ def param_leaves(cfg: WanConfig) -> Params:
         "head": {"modulation": ((2, d), "modulation", None),
                  **_linear(d, pt * ph * pw * cfg.out_dim)},
     }
-    if cfg.model_type == "i2v":
+    if cfg.uses_clip:
         tree["img_emb"] = {
             "ln1": {"scale": ((CLIP_DIM,), "ones", None), "bias": ((CLIP_DIM,), "zeros", None)},
             "fc1": _linear(CLIP_DIM, CLIP_DIM), "fc2": _linear(CLIP_DIM, d),
@@ -301,7 +393,7 @@ def _official_names(cfg: WanConfig) -> dict[tuple[str, ...], str]:
     if cfg.cross_attn_norm:
         names[("blocks", "norm3", "scale")] = "blocks.{i}.norm3.weight"
         names[("blocks", "norm3", "bias")] = "blocks.{i}.norm3.bias"
-    if cfg.model_type == "i2v":
+    if cfg.uses_clip:
         for ours, theirs in (("ln1", 0), ("fc1", 1), ("fc2", 3), ("ln2", 4)):
             keys = ("scale", "bias") if ours.startswith("ln") else ("w", "b")
             for p, suffix in zip(keys, ("weight", "bias"), strict=True):
@@ -461,9 +553,9 @@ def _heads(x: jax.Array, cfg: WanConfig) -> jax.Array:
 def _block(x: jax.Array, layer: Params, *, cfg: WanConfig, plan: ParallelPlan, e0: jax.Array,
            text: jax.Array, image: jax.Array | None, cos: jax.Array, sin: jax.Array,
            valid_tokens: int) -> jax.Array:
-    """One transformer block on the float32 residual stream ``x`` ``[B, S, D]``."""
-    e = [m[:, None, :] for m in jnp.unstack(layer["modulation"].astype(jnp.float32)[None] + e0,
-                                            axis=1)]
+    """One transformer block on the float32 residual stream ``x`` ``[B, S, D]``; ``e0``
+    ``[B, 1 or S, 6, D]``: the modulation for every token or per token."""
+    e = jnp.unstack(layer["modulation"].astype(jnp.float32) + e0, axis=2)
     act_dtype = layer["ffn"]["fc1"]["w"].dtype
     heads_spec = plan.heads_spec(sequence=True)
     kv_spec = plan.heads_spec(sequence=False)
@@ -515,8 +607,10 @@ def forward(params: Params, cfg: WanConfig, x: jax.Array, t: jax.Array, context:
     """The Wan 2.1 prediction ``[B, C_out, F, H, W]`` (float32) for latents ``x``.
 
     ``x`` ``[B, C, F, H, W]`` (C = ``in_dim``, or ``in_dim - y's channels`` for i2v), ``t``
-    ``[B]``, ``context`` ``[B, L <= text_len, text_dim]``; i2v also needs ``clip_fea``
-    ``[B, 257, 1280]`` and ``y`` ``[B, in_dim - C, F, H, W]``.
+    ``[B]`` or ``[B, tokens]`` (one timestep per token in (f, h, w) order: Wan 2.2 TI2V gives
+    an image's first latent frame 0), ``context`` ``[B, L <= text_len, text_dim]``; i2v also
+    needs ``y`` ``[B, in_dim - C, F, H, W]`` and, with :attr:`WanConfig.clip`, ``clip_fea``
+    ``[B, 257, 1280]``.
     """
     plan = plan or ParallelPlan()
     if y is not None:
@@ -537,16 +631,24 @@ def forward(params: Params, cfg: WanConfig, x: jax.Array, t: jax.Array, context:
     h = jnp.pad(h.reshape(batch, tokens, cfg.dim), ((0, 0), (0, padded - tokens), (0, 0)))
     h = plan.constrain(h, plan.activation_spec)
 
+    # e [B, 1 or S, D] and e0 [B, 1 or S, 6, D]: per token only where t is (padding: zeros).
     te = params["time_embedding"]
-    e = _dense(jax.nn.silu(_dense(time_sinusoid(t, cfg.freq_dim), te["fc1"])), te["fc2"])
-    e0 = _dense(jax.nn.silu(e), params["time_projection"]).reshape(batch, 6, cfg.dim)
+    per_token = t.ndim == 2
+    e = _dense(jax.nn.silu(_dense(time_sinusoid(t.reshape(-1), cfg.freq_dim), te["fc1"])),
+               te["fc2"]).reshape(batch, -1, cfg.dim)
+    if per_token:
+        e = plan.constrain(jnp.pad(e, ((0, 0), (0, padded - tokens), (0, 0))),
+                           plan.activation_spec)
+    e0 = _dense(jax.nn.silu(e), params["time_projection"]).reshape(batch, -1, 6, cfg.dim)
+    if per_token:
+        e0 = plan.constrain(e0, P(*plan.activation_spec[:2], None, None))
 
     text_in = jnp.pad(context, ((0, 0), (0, cfg.text_len - context.shape[1]), (0, 0)))
     tx = params["text_embedding"]
     text = _dense(jax.nn.gelu(_dense(text_in, tx["fc1"]), approximate=True), tx["fc2"])
     text = text.astype(act_dtype)
     image = None
-    if cfg.model_type == "i2v":
+    if cfg.uses_clip:
         im = params["img_emb"]
         g = _layer_norm(clip_fea, _CLIP_LN_EPS, im["ln1"]["scale"], im["ln1"]["bias"])
         g = _dense(jax.nn.gelu(_dense(g, im["fc1"]), approximate=False), im["fc2"])
@@ -567,8 +669,8 @@ def forward(params: Params, cfg: WanConfig, x: jax.Array, t: jax.Array, context:
     h, _ = lax.scan(body, h, params["blocks"])
 
     head = params["head"]
-    mod = head["modulation"].astype(jnp.float32)[None] + e[:, None, :]
-    h = _layer_norm(h, cfg.eps) * (1 + mod[:, 1:2]) + mod[:, 0:1]
+    mod = head["modulation"].astype(jnp.float32) + e[:, :, None, :]
+    h = _layer_norm(h, cfg.eps) * (1 + mod[:, :, 1]) + mod[:, :, 0]
     out = _dense(h.astype(act_dtype), head)
     # Gather the (small) head output over the token shards before dropping the padding.
     out = plan.constrain(out, P(plan.activation_spec[0], None, None))[:, :tokens]
@@ -588,17 +690,25 @@ def _check_inputs(cfg: WanConfig, x: jax.Array, t: jax.Array, context: jax.Array
         raise AoizoraError(
             f"Latent F, H, W = {tuple(x.shape[2:])} must divide by patch_size {cfg.patch_size}."
         )
-    if t.shape != (x.shape[0],):
-        raise AoizoraError(f"t has shape {tuple(t.shape)}; the model needs [{x.shape[0]}].")
+    tokens = math.prod(n // p for n, p in zip(x.shape[2:], cfg.patch_size, strict=True))
+    if t.shape not in ((x.shape[0],), (x.shape[0], tokens)):
+        raise AoizoraError(
+            f"t has shape {tuple(t.shape)}; the model needs [{x.shape[0]}] (one timestep per "
+            f"video) or [{x.shape[0]}, {tokens}] (one per token)."
+        )
     if (context.ndim != 3 or context.shape[0] != x.shape[0] or context.shape[2] != cfg.text_dim
             or context.shape[1] > cfg.text_len):
         raise AoizoraError(
             f"context has shape {tuple(context.shape)}; the model needs [{x.shape[0]}, "
             f"L <= {cfg.text_len}, {cfg.text_dim}]."
         )
-    if cfg.model_type == "i2v" and (clip_fea is None or clip_fea.shape[1:] != (CLIP_TOKENS,
-                                                                               CLIP_DIM)):
+    if cfg.uses_clip and (clip_fea is None or clip_fea.shape[1:] != (CLIP_TOKENS, CLIP_DIM)):
         raise AoizoraError(
-            f"i2v needs clip_fea [B, {CLIP_TOKENS}, {CLIP_DIM}] and y; got clip_fea "
+            f"Wan 2.1 i2v needs clip_fea [B, {CLIP_TOKENS}, {CLIP_DIM}] and y; got clip_fea "
             f"{None if clip_fea is None else tuple(clip_fea.shape)}."
+        )
+    if clip_fea is not None and not cfg.uses_clip:
+        raise AoizoraError(
+            f"clip_fea given to a {cfg.model_type} model without CLIP tokens (WanConfig.clip="
+            f"{cfg.clip}); leave it out (Wan 2.2 i2v reads the image only through y)."
         )
