@@ -119,7 +119,7 @@ def load_official(root: Path) -> types.ModuleType:
 
     def flash_attention(q, k, v, q_lens=None, k_lens=None, **_):
         # [B, L, N, D]; keys j >= k_lens[b] masked, every query row kept (as the CUDA kernel).
-        b, lk = k.shape[0], k.shape[1]
+        lk = k.shape[1]
         mask = None
         if k_lens is not None:
             mask = (torch.arange(lk)[None, :] < k_lens[:, None])[:, None, None, :]

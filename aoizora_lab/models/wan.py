@@ -1,8 +1,8 @@
-"""Wan 2.1 and 2.2 diffusion transformers in JAX, faithful to the official ``wan/modules/model.py``.
+"""Wan 2.1 and 2.2 diffusion transformers in JAX, faithful to the official ``model.py``.
 
 One forward pass maps a noisy latent video ``x`` ``[B, C_in, F, H, W]``, timesteps ``t`` ``[B]``
-(or ``[B, tokens]``, one per token, as Wan 2.2's TI2V runs) and text embeddings ``context`` ``[B, L, text_dim]`` to the model's prediction
-``[B, C_out, F, H, W]``:
+(or ``[B, tokens]``, one per token, as Wan 2.2's TI2V runs) and text embeddings ``context``
+``[B, L, text_dim]`` to the model's prediction ``[B, C_out, F, H, W]``:
 
 1. patch embedding: a Conv3d with kernel = stride = ``patch_size``, tokens in (f, h, w) order;
 2. time: a ``[cos, sin]`` sinusoid (frequencies ``10000^(-i/half)``) -> Linear-SiLU-Linear ->
