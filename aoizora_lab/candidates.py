@@ -249,7 +249,7 @@ class CandidateOption:
     candidate: Candidate | None
     """The candidate (``None`` only where fsdp has no axis to shard over)."""
     weight_bytes_per_device: float
-    """Stored weight bytes on one device (NaN without a candidate)."""
+    """Stored weight bytes on one device, every resident expert's (NaN without a candidate)."""
     reasons: tuple[str, ...]
     """Why it is excluded; empty for a valid candidate."""
 
@@ -320,7 +320,8 @@ def explain_candidates(workload: Workload, topology: Topology, *, allow_padding:
       to a multiple of the degree (padded keys masked, the padding's compute paid), as the
       official Wan code and MaxDiffusion pad;
     - fsdp with no axis besides tp (and cfg, for ``-fsdpseq``) to shard over;
-    - stored weights per device above the chip's usable HBM even with this sharding.
+    - stored weights per device above the chip's usable HBM even with this sharding (every
+      resident expert's: Wan 2.2 A14B holds two, :attr:`Workload.experts`).
     """
     cfg = workload.config()
     attention = check_backend(attention or default_attention(topology))
@@ -336,10 +337,11 @@ def explain_candidates(workload: Workload, topology: Topology, *, allow_padding:
             if not (fsdp and _nothing_to_shard_over(by_role, over_cfg)):
                 candidate = Candidate.from_degrees(by_role, fsdp=fsdp, attention=attention,
                                                    fsdp_over_cfg=over_cfg)
-                weights = candidate.weight_bytes_per_device(cfg, dtype)
+                weights = workload.experts * candidate.weight_bytes_per_device(cfg, dtype)
                 if weights > usable:
+                    held = "" if workload.experts == 1 else f" ({workload.experts} experts)"
                     reasons.append(
-                        f"weights {weights / 2**30:.1f} GiB per device exceed the "
+                        f"weights{held} {weights / 2**30:.1f} GiB per device exceed the "
                         f"{usable / 2**30:.2f} GiB usable HBM")
             options.append(CandidateOption(tuple(by_role.items()), fsdp, over_cfg, candidate,
                                            weights, tuple(reasons)))

@@ -2,8 +2,9 @@
 
 Rules, applied to every candidate in order (the first that applies decides):
 
-1. **Cannot fit**: parameters plus the largest activation per device exceed the chip's usable
-   HBM (15.75 GiB on v5e): compiling it would only report ``RESOURCE_EXHAUSTED``.
+1. **Cannot fit**: parameters (of every resident expert: Wan 2.2 A14B keeps two) plus the
+   largest activation per device exceed the chip's usable HBM (15.75 GiB on v5e): compiling it
+   would only report ``RESOURCE_EXHAUSTED``, or leave no room for the other expert.
 2. **Cannot win**: its latency *lower bound* exceeds the best *estimate* of any candidate by
    more than ``bound_margin`` (default 25 %, headroom for the estimate's error): even the
    best placement on this slice could not make it competitive.
@@ -214,12 +215,14 @@ def prune(candidates: Sequence[Candidate], workload: Workload, topology: Topolog
         if isinstance(result, str):
             failed.append(PruneDecision(candidate, Verdict.TRACE_FAILED,
                                         f"trace failed: {result}", None, position))
-        elif result.memory_lower_bound_bytes > usable:
+        elif (needs := result.memory_lower_bound_bytes
+              + (workload.experts - 1) * result.param_bytes) > usable:
+            held = ("parameters" if workload.experts == 1
+                    else f"parameters of {workload.experts} resident experts")
             over.append(PruneDecision(
                 candidate, Verdict.OVER_HBM,
-                f"cannot fit: needs >= {result.memory_lower_bound_bytes / GiB:.2f} GiB per "
-                f"device (parameters + largest activation) > {usable / GiB:.2f} GiB usable HBM",
-                result, position))
+                f"cannot fit: needs >= {needs / GiB:.2f} GiB per device ({held} + largest "
+                f"activation) > {usable / GiB:.2f} GiB usable HBM", result, position))
         else:
             fits.append((position, candidate, result))
     fits = _ranked(fits)

@@ -28,7 +28,15 @@ import jax.numpy as jnp
 
 from aoizora_lab.errors import AoizoraError, is_whole
 from aoizora_lab.models.parallel import ParallelPlan
-from aoizora_lab.models.wan import CLIP_DIM, CLIP_TOKENS, Params, WanConfig, forward
+from aoizora_lab.models.wan import (
+    CLIP_DIM,
+    CLIP_TOKENS,
+    SAMPLING,
+    Params,
+    WanConfig,
+    forward,
+    preset_key,
+)
 
 RESOLUTIONS: dict[str, tuple[int, int]] = {"480p": (832, 480), "720p": (1280, 720)}
 """Named video sizes (width, height) of the official Wan 2.1 presets."""
@@ -147,6 +155,14 @@ class Workload:
                        text_len=int(text) if text else DEFAULT_TEXT_LEN)
         except AoizoraError as err:
             raise AoizoraError(f"Workload {spec!r}: {err}") from None
+
+    @property
+    def experts(self) -> int:
+        """Models resident in HBM while the steps run: 2 for Wan 2.2 A14B, whose high- and
+        low-noise experts both stay on the chips (MaxDiffusion keeps both; swapping one in
+        from the host at the boundary would cost 28.6 GB over PCIe), else 1. A step runs one,
+        so the other's stored weights are HBM the step's program cannot use."""
+        return SAMPLING[preset_key(self.model)].experts if isinstance(self.model, str) else 1
 
     @property
     def batch(self) -> int:

@@ -141,3 +141,19 @@ def test_fsdpseq_shards_weights_over_the_sequence_axes_only():
         "ctx8-fsdp"
     with pytest.raises(az.AoizoraError, match="needs a cfg axis"):
         Candidate.from_name("ctx8-fsdpseq")
+
+
+def test_a14b_holds_both_experts_weights():
+    topology = az.Topology.from_name("v5e:2x4", deviceless=False)
+    one = explain_candidates(az.Workload.parse("wan2.1-t2v-14b@720p"), topology).to_frame()
+    two = explain_candidates(az.Workload.parse("wan2.2-t2v-a14b@720p"), topology).to_frame()
+    assert az.Workload.parse("wan2.2-t2v-a14b@720p").experts == 2
+    usable = az.hardware.chip_spec("v5e").hbm_usable_bytes
+    merged = one.merge(two, on="name", suffixes=("_one", "_two"))
+    valid = merged[merged["valid_one"]]
+    assert np.allclose(valid["weight_gib_per_device_two"], 2 * valid["weight_gib_per_device_one"])
+    assert not (merged["valid_two"] & ~merged["valid_one"]).any()
+    lost = valid[~valid["valid_two"]]
+    assert len(lost) > 0  # e.g. tp2 without fsdp: 14.3 GB of one expert fits, two do not
+    assert (lost["weight_gib_per_device_one"] <= usable / 2**30).all()
+    assert lost["reason_two"].str.contains("weights (2 experts)", regex=False).all()

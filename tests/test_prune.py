@@ -222,3 +222,20 @@ def test_traces_in_worker_processes_are_cached_and_read_as_the_serial_ones(tmp_p
     fields = ["flops", "comm_bytes", "lower_bound_seconds", "estimate_seconds"]
     assert [[getattr(parallel[c.name], f) for f in fields] for c in candidates] == [
         [getattr(serial[c.name], f) for f in fields] for c in candidates]
+
+
+def test_the_other_expert_takes_hbm_from_the_step():
+    # cfg2-tp4 at 720p on 8 v5e chips: 7 GiB of one expert's weights per device fits with its
+    # activations; the other expert's 7 GiB more does not.
+    topology = az.Topology.from_name("v5e:2x4")
+    candidate = az.candidates.Candidate.from_name("cfg2-tp4")
+    one = prune([candidate], az.Workload.parse("wan2.1-t2v-14b@720p"), topology)
+    two = prune([candidate], az.Workload.parse("wan2.2-t2v-a14b@720p"), topology)
+    one, two = one.decision("cfg2-tp4"), two.decision("cfg2-tp4")
+    usable = az.hardware.device_spec(topology).hbm_usable_bytes
+    # The same program (an A14B expert is 14B's shape), one more expert's weights resident.
+    assert one.estimate.param_bytes == two.estimate.param_bytes
+    assert one.estimate.memory_lower_bound_bytes <= usable
+    assert one.estimate.memory_lower_bound_bytes + one.estimate.param_bytes > usable
+    assert one.verdict is not Verdict.OVER_HBM and two.verdict is Verdict.OVER_HBM
+    assert "2 resident experts" in two.reason

@@ -172,10 +172,7 @@ class WanConfig:
     @classmethod
     def preset(cls, name: str) -> WanConfig:
         """One of :data:`PRESETS` (``"wan2.1-t2v-1.3b"``, ``"wan2.1-t2v-14b"``...)."""
-        key = str(name).strip().lower()
-        if key not in PRESETS:
-            raise AoizoraError(f"Unknown Wan preset {name!r}; presets are {sorted(PRESETS)}.")
-        return PRESETS[key]
+        return PRESETS[preset_key(name)]
 
     def with_layers(self, num_layers: int) -> WanConfig:
         """The same model with another depth (for folded compiles and small tests)."""
@@ -199,6 +196,14 @@ PRESETS: dict[str, WanConfig] = {
 }
 
 
+def preset_key(name: str) -> str:
+    """``name`` as :data:`PRESETS` and :data:`SAMPLING` spell it; raises naming the presets."""
+    key = str(name).strip().lower()
+    if key not in PRESETS:
+        raise AoizoraError(f"Unknown Wan preset {name!r}; presets are {sorted(PRESETS)}.")
+    return key
+
+
 @dataclass(frozen=True)
 class Sampling:
     """A preset's official sampler: what one video runs (``wan/configs``, ``generate.py``)."""
@@ -210,6 +215,11 @@ class Sampling:
     boundary: float | None = None
     """A14B only: steps whose timestep is at least ``boundary`` x 1000 run the high-noise
     expert, the rest the low-noise one (two 14B models; :func:`expert_steps`)."""
+
+    @property
+    def experts(self) -> int:
+        """Denoisers a generation holds: 2 for A14B (a step runs one), else 1."""
+        return 1 if self.boundary is None else 2
 
 
 # Wan 2.1's configs leave steps and shift to generate.py: 50 steps (40 for i2v) and shift 5.0
