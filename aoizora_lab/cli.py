@@ -119,7 +119,7 @@ def _plan_command(args: argparse.Namespace) -> int:
     import pandas as pd
 
     from aoizora_lab.compile import check_num_layers
-    from aoizora_lab.generation import OFFICIAL_STEPS, check_steps, plan_generation
+    from aoizora_lab.generation import check_steps, official_sampling, plan_generation
     from aoizora_lab.planner import plan
     from aoizora_lab.progress import PROGRESS_ENV
     from aoizora_lab.versions import environment_variable
@@ -137,7 +137,7 @@ def _plan_command(args: argparse.Namespace) -> int:
     if args.steps is not None and not args.whole:
         raise AoizoraError(f"--steps {args.steps} counts the steps of a whole video: add "
                            "--whole (a plan without it is one step).")
-    steps = OFFICIAL_STEPS if args.steps is None else args.steps
+    steps = official_sampling(workload).steps if args.steps is None else args.steps
     if args.whole:
         check_steps(steps)
     preset = FULL_SEARCH if args.full else INTERACTIVE
@@ -343,8 +343,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="also plan the text encoder and the VAE decoder on the slice and "
                          "print the whole video's time, part by part")
     pl.add_argument("--steps", type=int, default=None, metavar="N",
-                    help="denoising steps of the whole video (with --whole; default: Wan "
-                         "2.1 T2V's official sample_steps, generation.OFFICIAL_STEPS)")
+                    help="denoising steps of the whole video (with --whole; default: the "
+                         "model's official sample_steps, models.wan.SAMPLING)")
     pl.add_argument("--quiet", action="store_true",
                     help="no progress lines (each stage and compile as it finishes)")
     pl.set_defaults(run=_plan_command)

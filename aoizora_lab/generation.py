@@ -8,7 +8,11 @@ What a person waits for is a generation, not a step::
   (:class:`~aoizora_lab.parts.EncodePart`, the fastest of
   :func:`~aoizora_lab.parts.encode_splits`);
 - ``step``: the DiT plan's predicted step (:func:`aoizora_lab.planner.plan`'s ``best``, both
-  CFG passes) times the sampler's steps (the official ``sample_steps``: 50 for Wan 2.1 T2V);
+  CFG passes) times the sampler's steps (the preset's official ``sample_steps``,
+  :data:`~aoizora_lab.models.wan.SAMPLING`: 50 for Wan 2.1 T2V, 40 for the A14B models). Wan
+  2.2 A14B runs its high-noise expert for the steps above the boundary timestep and the
+  low-noise one after (26 and 14 of T2V's 40): the same program on other weights, so the same
+  step time, both experts resident (:attr:`~aoizora_lab.workload.Workload.experts`);
 - ``decode``: the VAE decoder on the final latent, once (:class:`~aoizora_lab.parts.DecodePart`,
   the fastest of :func:`~aoizora_lab.parts.decode_splits`).
 
@@ -35,13 +39,19 @@ from typing import Any
 import pandas as pd
 
 from aoizora_lab.errors import AoizoraError, is_whole
-from aoizora_lab.parts import PricedParts, decode_splits, encode_splits, plan_part
+from aoizora_lab.models.wan import SAMPLING, Sampling, expert_steps, preset_key
+from aoizora_lab.parts import VAES, PricedParts, decode_splits, encode_splits, plan_part
 from aoizora_lab.realize import Plan
 from aoizora_lab.workload import DEFAULT_TEXT_LEN, Workload
 
-OFFICIAL_STEPS = 50
-"""Wan 2.1 T2V's ``sample_steps`` (official ``wan/configs``; MaxDiffusion's Wan 2.1 configs
-use 50 too)."""
+
+def official_sampling(workload: Workload) -> Sampling:
+    """The workload's preset's official sampler (steps, shift, expert boundary)."""
+    if not isinstance(workload.model, str):
+        raise AoizoraError(
+            f"Workload {workload.name!r} has a custom WanConfig and so no official sampler: "
+            "give the number of denoising steps (plan_generation(plan, steps=50)).")
+    return SAMPLING[preset_key(workload.model)]
 
 
 @dataclass(frozen=True)
@@ -51,6 +61,9 @@ class Generation:
     workload: Workload
     steps: int
     """Denoising steps (each one DiT step of both CFG passes)."""
+    expert_steps: tuple[int, int]
+    """``(high-noise, low-noise)`` steps of a Wan 2.2 A14B video (the official schedule at
+    :attr:`steps`); ``(steps, 0)`` for a single model."""
     step: Plan
     """The DiT's plan; ``step.predicted.total_s`` is one step."""
     encode: PricedParts
@@ -84,10 +97,13 @@ class Generation:
                          "order": best.placement.description if best else "",
                          "per_call_s": best.seconds if best else math.nan, "calls": 1})
         step = self.step
-        rows.insert(1, {"part": "DiT steps",
-                        "plan": f"{step.candidate.name} ({step.flags.label} flags)",
-                        "order": step.placement.description,
-                        "per_call_s": step.predicted.total_s, "calls": self.steps})
+        high, low = self.expert_steps
+        names = (("DiT steps (high-noise expert)", high), ("DiT steps (low-noise expert)", low)
+                 ) if low else (("DiT steps", high),)
+        rows[1:1] = [{"part": name, "plan": f"{step.candidate.name} ({step.flags.label} flags)",
+                      "order": step.placement.description,
+                      "per_call_s": step.predicted.total_s, "calls": calls}
+                     for name, calls in names]
         frame = pd.DataFrame(rows)
         frame["seconds"] = frame["per_call_s"] * frame["calls"]
         frame["share"] = frame["seconds"] / self.total_s
@@ -98,19 +114,30 @@ def check_steps(steps: Any) -> None:
     if not is_whole(steps):
         raise AoizoraError(
             f"steps={steps!r} must be a positive number of denoising steps, e.g. "
-            f"{OFFICIAL_STEPS} (Wan 2.1 T2V's official sample_steps)."
+            f"{SAMPLING['wan2.1-t2v-14b'].steps} (Wan 2.1 T2V's official sample_steps)."
         )
 
 
-def plan_generation(step: Plan, steps: int = OFFICIAL_STEPS, **kwargs: Any) -> Generation:
+def plan_generation(step: Plan, steps: int | None = None, **kwargs: Any) -> Generation:
     """The whole video around a DiT plan ``step`` (``planner.plan(...).best``): the encoder's
     and the decoder's splits compiled and priced on the same slice (``kwargs`` go to
-    :func:`~aoizora_lab.parts.price_part`: ``cache_dir``, ``timeout_s``, ``options``)."""
-    check_steps(steps)
+    :func:`~aoizora_lab.parts.price_part`: ``cache_dir``, ``timeout_s``, ``options``).
+    ``steps``: the preset's official ``sample_steps`` unless given; an A14B video's experts
+    split them as the official schedule at that many steps does."""
     workload, topology = step.workload, step.topology
+    if steps is None or workload.experts > 1:
+        sampling = official_sampling(workload)
+        steps = sampling.steps if steps is None else steps
+        check_steps(steps)
+        split = expert_steps(Sampling(steps, sampling.shift, sampling.boundary))
+    else:
+        check_steps(steps)
+        split = (steps, 0)
     n = topology.num_devices
     encode = plan_part(encode_splits(n, prompts=2 if workload.cfg else 1,
                                      text_len=DEFAULT_TEXT_LEN), topology, **kwargs)
-    decode = plan_part(decode_splits((1, *workload.latent_shape), n, vae="wan2.1"), topology,
+    vae = next(name for name, z_dim in VAES.items() if z_dim == workload.latent_shape[0])
+    decode = plan_part(decode_splits((1, *workload.latent_shape), n, vae=vae), topology,
                        **kwargs)
-    return Generation(workload=workload, steps=steps, step=step, encode=encode, decode=decode)
+    return Generation(workload=workload, steps=steps, expert_steps=split, step=step,
+                      encode=encode, decode=decode)

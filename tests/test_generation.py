@@ -12,17 +12,19 @@ from aoizora_lab.cases import parse_case
 from aoizora_lab.cost import Predicted
 from aoizora_lab.errors import AoizoraError
 from aoizora_lab.generation import Generation, plan_generation
+from aoizora_lab.models.wan import SAMPLING, sampling_timesteps
 from aoizora_lab.parts import DecodePart, EncodePart, PricedParts
 from aoizora_lab.placement import plain_order
 from aoizora_lab.realize import Plan
 from aoizora_lab.topology import Topology
+from aoizora_lab.workload import Workload
 
 CASE = parse_case("wan2.1-t2v-14b@1280x720x81/v5e:2x4")
 
 
-def _step(seconds=2.0):
+def _step(seconds=2.0, workload=CASE.workload):
     topology = Topology.simulated((2, 4), generation="v5e")
-    return Plan(workload=CASE.workload, topology=topology,
+    return Plan(workload=workload, topology=topology,
                 candidate=Candidate.from_name("cfg2-uly4-fsdp"), placement=plain_order(topology),
                 predicted=Predicted(seconds * 0.8, seconds * 0.3, seconds))
 
@@ -50,11 +52,40 @@ def test_the_whole_video_is_encode_plus_steps_times_step_plus_decode(monkeypatch
 
 def test_a_part_with_no_split_that_compiled_leaves_the_total_unknown():
     nothing = PricedParts([priced_part(EncodePart(), math.nan)])
-    video = Generation(workload=CASE.workload, steps=50, step=_step(),
+    video = Generation(workload=CASE.workload, steps=50, expert_steps=(50, 0), step=_step(),
                        encode=nothing, decode=PricedParts([priced_part(DecodePart((1, 16, 21, 90,
                                                                                160)), 1.0)]))
     assert math.isnan(video.total_s)
     assert video.to_frame().loc[0, "plan"] == "none compiled"
+
+
+@pytest.mark.parametrize("steps", [None, 20])
+def test_a14b_runs_each_expert_for_its_share_of_the_steps(monkeypatch, steps):
+    fake, _ = fake_plan_part([0.5, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0])
+    monkeypatch.setattr(generation, "plan_part", fake)
+    workload = Workload.parse("wan2.2-t2v-a14b@1280x720x81")
+    video = plan_generation(_step(2.0, workload), steps=steps)
+    sampling = SAMPLING["wan2.2-t2v-a14b"]
+    assert video.steps == (steps or sampling.steps)
+    high, low = video.expert_steps
+    timesteps = sampling_timesteps(video.steps, sampling.shift)
+    assert high == (timesteps >= sampling.boundary * 1000).sum() and high + low == video.steps
+    frame = video.to_frame().set_index("part")
+    assert frame.loc["DiT steps (high-noise expert)", "calls"] == high
+    assert frame.loc["DiT steps (low-noise expert)", "calls"] == low
+    assert video.steps_s == pytest.approx(video.steps * 2.0)
+    assert frame["seconds"].sum() == pytest.approx(video.total_s)
+
+
+def test_the_decoder_is_the_models_vae(monkeypatch):
+    fake, asked = fake_plan_part([1.0] * 8)
+    monkeypatch.setattr(generation, "plan_part", fake)
+    workload = Workload.parse("wan2.2-ti2v-5b@1280x704x121")
+    video = plan_generation(_step(1.0, workload))
+    decodes = asked[1]
+    assert {p.vae for p in decodes} == {"wan2.2"}
+    assert all(p.latent == (1, *workload.latent_shape) for p in decodes)
+    assert video.steps == SAMPLING["wan2.2-ti2v-5b"].steps and video.expert_steps[1] == 0
 
 
 def test_steps_must_be_a_positive_count():
