@@ -564,8 +564,12 @@ def _block(x: jax.Array, layer: Params, *, cfg: WanConfig, plan: ParallelPlan, e
            text: jax.Array, image: jax.Array | None, cos: jax.Array, sin: jax.Array,
            valid_tokens: int) -> jax.Array:
     """One transformer block on the float32 residual stream ``x`` ``[B, S, D]``; ``e0``
-    ``[B, 1 or S, 6, D]``: the modulation for every token or per token."""
-    e = jnp.unstack(layer["modulation"].astype(jnp.float32) + e0, axis=2)
+    ``[B, 6, D]`` (one modulation per video) or ``[B, S, 6, D]`` (per token)."""
+    table = layer["modulation"].astype(jnp.float32)
+    if e0.ndim == 3:
+        e = [m[:, None, :] for m in jnp.unstack(table[None] + e0, axis=1)]
+    else:
+        e = jnp.unstack(table + e0, axis=2)
     act_dtype = layer["ffn"]["fc1"]["w"].dtype
     heads_spec = plan.heads_spec(sequence=True)
     kv_spec = plan.heads_spec(sequence=False)
@@ -641,17 +645,19 @@ def forward(params: Params, cfg: WanConfig, x: jax.Array, t: jax.Array, context:
     h = jnp.pad(h.reshape(batch, tokens, cfg.dim), ((0, 0), (0, padded - tokens), (0, 0)))
     h = plan.constrain(h, plan.activation_spec)
 
-    # e [B, 1 or S, D] and e0 [B, 1 or S, 6, D]: per token only where t is (padding: zeros).
+    # e [B, D], e0 [B, 6, D]; per token (t [B, tokens]) e [B, S, D], e0 [B, S, 6, D], split
+    # with the tokens, zeros on the padding.
     te = params["time_embedding"]
     per_token = t.ndim == 2
-    e = _dense(jax.nn.silu(_dense(time_sinusoid(t.reshape(-1), cfg.freq_dim), te["fc1"])),
-               te["fc2"]).reshape(batch, -1, cfg.dim)
+    sinusoid = time_sinusoid(t.reshape(-1) if per_token else t, cfg.freq_dim)
+    e = _dense(jax.nn.silu(_dense(sinusoid, te["fc1"])), te["fc2"])
     if per_token:
-        e = plan.constrain(jnp.pad(e, ((0, 0), (0, padded - tokens), (0, 0))),
-                           plan.activation_spec)
-    e0 = _dense(jax.nn.silu(e), params["time_projection"]).reshape(batch, -1, 6, cfg.dim)
-    if per_token:
+        e = jnp.pad(e.reshape(batch, tokens, cfg.dim), ((0, 0), (0, padded - tokens), (0, 0)))
+        e = plan.constrain(e, plan.activation_spec)
+        e0 = _dense(jax.nn.silu(e), params["time_projection"]).reshape(batch, padded, 6, cfg.dim)
         e0 = plan.constrain(e0, P(*plan.activation_spec[:2], None, None))
+    else:
+        e0 = _dense(jax.nn.silu(e), params["time_projection"]).reshape(batch, 6, cfg.dim)
 
     text_in = jnp.pad(context, ((0, 0), (0, cfg.text_len - context.shape[1]), (0, 0)))
     tx = params["text_embedding"]
@@ -679,8 +685,12 @@ def forward(params: Params, cfg: WanConfig, x: jax.Array, t: jax.Array, context:
     h, _ = lax.scan(body, h, params["blocks"])
 
     head = params["head"]
-    mod = head["modulation"].astype(jnp.float32) + e[:, :, None, :]
-    h = _layer_norm(h, cfg.eps) * (1 + mod[:, :, 1]) + mod[:, :, 0]
+    if per_token:
+        mod = head["modulation"].astype(jnp.float32) + e[:, :, None, :]
+        h = _layer_norm(h, cfg.eps) * (1 + mod[:, :, 1]) + mod[:, :, 0]
+    else:
+        mod = head["modulation"].astype(jnp.float32)[None] + e[:, None, :]
+        h = _layer_norm(h, cfg.eps) * (1 + mod[:, 1:2]) + mod[:, 0:1]
     out = _dense(h.astype(act_dtype), head)
     # Gather the (small) head output over the token shards before dropping the padding.
     out = plan.constrain(out, P(plan.activation_spec[0], None, None))[:, :tokens]
