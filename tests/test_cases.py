@@ -16,8 +16,10 @@ from aoizora_lab.models.wan import PRESETS
        slice_name=st.sampled_from(["v5e:2x4", "v5e:4x4", "v6e:4x4", "v5p:2x2x4"]))
 def test_every_workload_name_parses_back(model, width, height, frames, cfg, text_len,
                                          slice_name):
-    workload = az.Workload(model=model, width=16 * width, height=16 * height,
-                           frames=4 * frames + 1, cfg=cfg, text_len=text_len)
+    config = az.WanConfig.preset(model)
+    step = config.vae_stride[1] * config.patch_size[1]  # 16 pixels, 32 for TI2V-5B
+    workload = az.Workload(model=model, width=step * width, height=step * height,
+                           frames=config.vae_stride[0] * frames + 1, cfg=cfg, text_len=text_len)
     assert az.Workload.parse(workload.name) == workload
     case = Case(workload, slice_name)
     assert parse_case(case.name) == case

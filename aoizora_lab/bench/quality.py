@@ -53,11 +53,15 @@ DEFAULT_MATRIX: tuple[str, ...] = (
     # TPU7x: two devices a chip, a 3D slice; 2x2x2 is MaxDiffusion's published v7x-16 setup.
     "wan2.1-t2v-1.3b@832x480x81/tpu7x:2x2x2",
     "wan2.1-t2v-14b@1280x720x81/tpu7x:2x2x2",
+    # Wan 2.2 T2V-A14B on MaxDiffusion's published Wan 2.2 slice (v6e-8): a step is one
+    # expert's (Wan 2.1 14B's shape), with the other expert's weights resident too.
+    "wan2.2-t2v-a14b@1280x720x81/v6e:2x4",
 )
 """Plan-quality matrix (case specs, :mod:`aoizora_lab.cases`): 8 cases of 8-16 chips, 8 of
-32-256 chips, then 2 on TPU7x (8 chips, 16 devices). A 16-chip 14B case compiles ~80 programs
-(the plan's survivors with each flag set, every baseline recipe tried), about an hour on 2
-cores, so the matrix is run over several sittings (``aoizora-lab bench --resume``)."""
+32-256 chips, 2 on TPU7x (8 chips, 16 devices), then Wan 2.2 A14B on 8 v6e chips. A 16-chip
+14B case compiles ~80 programs (the plan's survivors with each flag set, every baseline recipe
+tried), about an hour on 2 cores, so the matrix is run over several sittings
+(``aoizora-lab bench --resume``)."""
 
 QUICK_MATRIX: tuple[str, ...] = ("wan2.1-t2v-1.3b@832x480x81/v5e:2x4",)
 """``--quick``: one small workload (compiled at :data:`QUICK_LAYERS` layers), for plan quality
