@@ -228,13 +228,14 @@ def prediction_key(pair: RunPair) -> tuple[tuple[str, str], ...]:
     return tuple(sorted({pair.a.key, pair.b.key}))
 
 
-# Wan2.2 A14B (I2V and T2V) experts have Wan 2.1 14B's shape: the T2V-14B preset is rebuilt.
-# The I2V expert differs only in its patch embedding (36 input channels: noisy + mask + image
-# latents) and has no CLIP image tokens (MaxDiffusion wan_pipeline_i2v_2p2.py: "WAN 2.2 I2V
-# doesn't use image_embeds"); the two experts alternate over the steps at the same cost.
-V6E_720P = "wan2.1-t2v-14b@1280x720x81/v6e:2x4"
-V7X8_720P = "wan2.1-t2v-14b@1280x720x81/tpu7x:2x2x1"  # v7x-8: 4 chips, 8 devices
-V7X16_720P = "wan2.1-t2v-14b@1280x720x81/tpu7x:2x2x2"  # v7x-16: 8 chips, 16 devices
+# Each run rebuilt as its model: Wan 2.1 T2V-14B, or Wan 2.2's A14B presets, whose experts have
+# Wan 2.1 14B's shape; the I2V expert reads 36 input channels (noisy + mask + image latents) and
+# no CLIP image tokens (MaxDiffusion wan_pipeline_i2v_2p2.py: "WAN 2.2 I2V doesn't use
+# image_embeds"). The two experts alternate over the steps at the same cost.
+V7X8, V7X16 = "tpu7x:2x2x1", "tpu7x:2x2x2"  # v7x-8: 4 chips, 8 devices; v7x-16: 8 chips, 16
+WAN21, WAN22_T2V, WAN22_I2V = (f"{model}@1280x720x81" for model in (
+    "wan2.1-t2v-14b", "wan2.2-t2v-a14b", "wan2.2-i2v-a14b"))
+V6E_720P_I2V = f"{WAN22_I2V}/v6e:2x4"
 # MaxDiffusion's "flash" (and Tokamax flash) = our context role: queries sharded, K/V gathered;
 # dp=2 carries the CFG passes; weights sharded over context (fsdp=1 in MaxDiffusion's naming).
 # Its ring runs were Tokamax ring (plain "ring" is no registered kernel).
@@ -294,13 +295,14 @@ def readme_ring(slice_label: str, case: str, ring: str, flash: str, release: str
                    note=README_FLASH_IS_TOKAMAX + caveat)
 
 
-def readme_scaling(release: str, steps: int, v7x8_s: float, v7x16_s: float) -> RunPair:
+def readme_scaling(release: str, workload: str, steps: int, v7x8_s: float,
+                   v7x16_s: float) -> RunPair:
     """The README's flash runs on v7x-8 and v7x-16 as a scaling pair."""
     return RunPair(f"README v7x-8 -> v7x-16 scaling, {release} flash", README,
                    f"{release} 720p 81 frames, {steps} steps, dp2 x context 4 -> 8",
-                   Run("v7x-8", V7X8_720P, FLASH4, steps, v7x8_s),
-                   Run("v7x-16", V7X16_720P, FLASH8, steps, v7x16_s), difference=False,
-                   note=README_FLASH_IS_TOKAMAX)
+                   Run("v7x-8", f"{workload}/{V7X8}", FLASH4, steps, v7x8_s),
+                   Run("v7x-16", f"{workload}/{V7X16}", FLASH8, steps, v7x16_s),
+                   difference=False, note=README_FLASH_IS_TOKAMAX)
 
 
 PAIRS: tuple[RunPair, ...] = (
@@ -308,39 +310,41 @@ PAIRS: tuple[RunPair, ...] = (
     # 720x1280, global batch 1: Flash 285.56 s, Ulysses 251.45 s (-11.9 %).
     RunPair("PR #376 v6e-8 flash / Ulysses, batch 1", PR_376,
             "Wan2.2 I2V A14B 720p 81 frames, 40 steps, dp2 x cp4",
-            Run("flash", V6E_720P, FLASH4, 40, 285.56),
-            Run("ulysses", V6E_720P, ULYSSES4, 40, 251.45)),
+            Run("flash", V6E_720P_I2V, FLASH4, 40, 285.56),
+            Run("ulysses", V6E_720P_I2V, ULYSSES4, 40, 251.45)),
     # Same setup, global batch 2: 533.67 s vs 491.22 s (-8.0 %).
     RunPair("PR #376 v6e-8 flash / Ulysses, batch 2", PR_376,
             "as batch 1, two videos per generation",
-            Run("flash", V6E_720P, FLASH4, 40, 533.67),
-            Run("ulysses", V6E_720P, ULYSSES4, 40, 491.22),
+            Run("flash", V6E_720P_I2V, FLASH4, 40, 533.67),
+            Run("ulysses", V6E_720P_I2V, ULYSSES4, 40, 491.22),
             not_modelled="a Workload has no video batch (Workload.batch is the CFG passes of "
                          "one video)"),
-    readme_ulysses("v6e-8", V6E_720P, "the PR #376 setup"),
-    readme_ulysses("v7x-8", V7X8_720P, "dp2 x cp4"),
-    readme_ring("v7x-8", V7X8_720P, RING4, FLASH4, "Wan 2.1", 50, V7X8_WAN21_RING,
+    readme_ulysses("v6e-8", V6E_720P_I2V, "the PR #376 setup"),
+    readme_ulysses("v7x-8", f"{WAN22_I2V}/{V7X8}", "dp2 x cp4"),
+    readme_ring("v7x-8", f"{WAN21}/{V7X8}", RING4, FLASH4, "Wan 2.1", 50, V7X8_WAN21_RING,
                 V7X8_WAN21_FLASH),
-    readme_ring("v7x-16", V7X16_720P, RING8, FLASH8, "Wan 2.1", 50, V7X16_WAN21_RING,
+    readme_ring("v7x-16", f"{WAN21}/{V7X16}", RING8, FLASH8, "Wan 2.1", 50, V7X16_WAN21_RING,
                 V7X16_WAN21_FLASH),
-    readme_ring("v7x-8", V7X8_720P, RING4, FLASH4, "Wan 2.2", 40, V7X8_WAN22_RING,
+    readme_ring("v7x-8", f"{WAN22_T2V}/{V7X8}", RING4, FLASH4, "Wan 2.2", 40, V7X8_WAN22_RING,
                 V7X8_WAN22_FLASH),
-    readme_ring("v7x-16", V7X16_720P, RING8, FLASH8, "Wan 2.2", 40, V7X16_WAN22_RING,
-                V7X16_WAN22_FLASH, "; the README warns of ring stability issues on 16 TPUs"),
-    readme_scaling("Wan 2.1", 50, V7X8_WAN21_FLASH, V7X16_WAN21_FLASH),
-    readme_scaling("Wan 2.2", 40, V7X8_WAN22_FLASH, V7X16_WAN22_FLASH),
+    readme_ring("v7x-16", f"{WAN22_T2V}/{V7X16}", RING8, FLASH8, "Wan 2.2", 40,
+                V7X16_WAN22_RING, V7X16_WAN22_FLASH,
+                "; the README warns of ring stability issues on 16 TPUs"),
+    readme_scaling("Wan 2.1", WAN21, 50, V7X8_WAN21_FLASH, V7X16_WAN21_FLASH),
+    readme_scaling("Wan 2.2", WAN22_T2V, 40, V7X8_WAN22_FLASH, V7X16_WAN22_FLASH),
     RunPair("PR #430 v7x-8 Ulysses / 2D ring (U=2, R=2)", PR_430,
             "Wan2.2 T2V A14B 720p 81 frames, 40 steps, dp2 x cp4 (2D ring: ring 2 x Ulysses 2)",
-            Run("ulysses", V7X8_720P, ULYSSES4, 40, PR430_ULYSSES_DENOISE),
-            Run("2D ring", V7X8_720P, ULYSSES_RING4, 40, PR430_2D_RING_DENOISE),
+            Run("ulysses", f"{WAN22_T2V}/{V7X8}", ULYSSES4, 40, PR430_ULYSSES_DENOISE),
+            Run("2D ring", f"{WAN22_T2V}/{V7X8}", ULYSSES_RING4, 40, PR430_2D_RING_DENOISE),
             timed=DENOISE_LOOP,
             note="denoise totals; 2D ring published with ulysses_ring_custom (custom splash "
                  "ring kernel), Ulysses as the 'best Ulysses config' (kernel not named); "
                  "steps from base_wan_27b.yml"),
     RunPair("PR #452 v7x-8 2D ring online / fixed-m softmax", PR_452,
             "Wan2.2 T2V 720p 81 frames, 40 steps, dp2 x (ring 2 x Ulysses 2)",
-            Run("ulysses_ring_custom", V7X8_720P, ULYSSES_RING4, 40, PR452_ONLINE_DENOISE),
-            Run("ulysses_ring_custom_fixed_m", V7X8_720P, ULYSSES_RING4, 40,
+            Run("ulysses_ring_custom", f"{WAN22_T2V}/{V7X8}", ULYSSES_RING4, 40,
+                PR452_ONLINE_DENOISE),
+            Run("ulysses_ring_custom_fixed_m", f"{WAN22_T2V}/{V7X8}", ULYSSES_RING4, 40,
                 PR452_FIXED_M_DENOISE),
             timed=DENOISE_LOOP,
             not_modelled="a change inside the attention kernel (softmax, tile sizes): both "
@@ -1261,10 +1265,11 @@ class PublishedCheck:
             "Ulysses U inside x ring across; dp 2 = `cfg`; weights sharded over the context "
             "axis only = `fsdpseq`), compiled deviceless by libtpu with the README's "
             "`LIBTPU_INIT_ARGS` for the kernel (`flags`), placed in MaxDiffusion's own device "
-            "order (`mesh_utils.create_device_mesh`) and priced by `cost.predict`. Wan2.2 A14B "
-            "experts have Wan 2.1 14B's shape, so `wan2.1-t2v-14b` stands in; the I2V "
-            "expert's patch embedding takes 36 channels instead of 16 and it has no CLIP "
-            "tokens. Not found, so not added: the numbers of PR #376's Wan2.2 T2V table "
+            "order (`mesh_utils.create_device_mesh`) and priced by `cost.predict`. Each run is "
+            "its model's preset: `wan2.1-t2v-14b`, or Wan 2.2's `wan2.2-t2v-a14b` and "
+            "`wan2.2-i2v-a14b` (experts of Wan 2.1 14B's shape; the I2V expert's patch "
+            "embedding takes 36 channels and it reads no CLIP tokens). Not found, so not "
+            "added: the numbers of PR #376's Wan2.2 T2V table "
             "(every stored copy of the PR stops before them) and PR #404's `ulysses_ring` "
             "results (published as an image only). " + config_line(self.config),
             fitted_text(generations),

@@ -285,7 +285,8 @@ def test_the_floor_summary_names_the_highest_floor_and_the_models_efficiency():
 
 
 def test_the_published_runs_are_built_as_maxdiffusion_builds_them():
-    case = parse_case(published.V6E_720P)
+    case = parse_case(published.V6E_720P_I2V)
+    assert case.workload.model == "wan2.2-i2v-a14b"  # PR #376 ran Wan2.2 I2V A14B
     workload, topology = case.workload, case.topology()
     built = {r: maxdiffusion_setup(workload, topology, **setup_keys(r))
              for r in (published.FLASH4, published.ULYSSES4, published.RING4)}
@@ -323,9 +324,11 @@ def test_pr_430s_2d_ring_is_ulysses_2_on_a_chip_times_ring_2_across_chips():
     ring = np.moveaxis(grid, roles.index("ring"), -1).reshape(-1, 2)
     assert all(chip[a] == chip[b] for a, b in uly)
     assert all(chip[a] != chip[b] for a, b in ring)
-    # Its Ulysses side is the same rebuilt run as the README's v7x-8 Ulysses.
+    # Its Ulysses side is the README's v7x-8 Ulysses recipe on the T2V model (the README's
+    # is I2V): the same setup, another program.
     readme = next(p for p in published.PAIRS if p.key == "README Ulysses ~10 % on v7x-8")
-    assert pair.a.key == readme.b.key
+    assert pair.a.recipe == readme.b.recipe and pair.a.case != readme.b.case
+    assert parse_case(pair.a.case).workload.model == "wan2.2-t2v-a14b"
 
 
 def test_pr_452s_kernel_change_is_not_modelled_and_asks_for_no_compile():
