@@ -6,7 +6,7 @@ import math
 import pytest
 from tiny import fake_plan_part, priced_part
 
-from aoizora_lab import cli, generation
+from aoizora_lab import cli, generation, viz
 from aoizora_lab.candidates import Candidate
 from aoizora_lab.cases import parse_case
 from aoizora_lab.cost import Predicted
@@ -96,3 +96,21 @@ def test_steps_must_be_a_positive_count():
 def test_the_cli_wants_whole_for_steps(capsys):
     assert cli.main(["plan", "wan2.1-t2v-14b@1280x720x81/v5e:2x4", "--steps", "40"]) == 2
     assert "add --whole" in capsys.readouterr().err
+
+
+def test_the_chart_shows_each_part_in_running_order_with_its_share(monkeypatch):
+    fake, _ = fake_plan_part([0.5, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0])
+    monkeypatch.setattr(generation, "plan_part", fake)
+    video = plan_generation(_step(2.0, Workload.parse("wan2.2-t2v-a14b@1280x720x81")))
+    frame = video.to_frame()
+    fig = viz.generation_chart(frame)
+    bar = fig.data[0]
+    assert list(bar.y) == list(frame["part"])  # encoder, both experts' steps, decoder
+    assert list(fig.layout.yaxis.categoryarray) == list(frame["part"])[::-1]  # first on top
+    assert sum(bar.x) == pytest.approx(video.total_s)  # seconds (the largest bar is >= 1 s)
+    assert list(bar.text) == [f"{s:.0%}" for s in frame["share"]]
+    colors = dict(zip(bar.y, bar.marker.color, strict=True))
+    assert colors["DiT steps (high-noise expert)"] == colors["DiT steps (low-noise expert)"]
+    assert colors["text encoder"] != colors["VAE decode"]
+    with pytest.raises(AoizoraError, match=r"generation_chart needs columns \['share'\]"):
+        viz.generation_chart(frame.drop(columns=["share"]))

@@ -1,4 +1,4 @@
-"""The five notebooks, run headless through papermill with small parameters, and what they call
+"""The six notebooks, run headless through papermill with small parameters, and what they call
 that no other test covers (``Plan.compiled_program``, notebook 5's check)."""
 
 import re
@@ -75,6 +75,13 @@ def test_every_notebook_runs_and_saves_values_the_library_agrees_with(report):
     assert realised["plan_candidate"] == ranking["best_candidate"]
     assert realised["realised_collectives_match"] is True
     assert realised["platform"] == "cpu"
+    video = records["06_generation"]
+    # The whole video around the same plan: the official steps, every part priced.
+    assert video["steps"] == az.models.wan.SAMPLING["wan2.1-t2v-1.3b"].steps
+    assert video["expert_steps"] == [video["steps"], 0]
+    assert video["total_s"] == pytest.approx(video["encode_s"] + video["decode_s"]
+                                             + video["steps"] * ranking["predicted_step_s"])
+    assert video["decode_split"] and video["decode_splits_tried"] >= 1
 
 
 @pytest.mark.slow
@@ -89,6 +96,9 @@ def test_pages_carry_the_heatmaps_offline(report):
     assert not re.search(r"<script[^>]+src=[\"']?(https?:)?//", page)
     timing = (out / "small" / "05_realize_and_measure.html").read_text()
     assert "Timing needs TPU devices" in timing
+    whole = (out / "small" / "06_generation.html").read_text()
+    assert "Where a video&#x27;s time goes" in whole or "Where a video's time goes" in whole
+    assert "bytes per link" in whole  # the decode's halo traffic on the torus
 
 
 @pytest.mark.slow

@@ -15,6 +15,7 @@ exported HTML reports::
 from aoizora_lab.viz.charts import (
     collective_breakdown,
     exclusion_chart,
+    generation_chart,
     pruning_scatter,
     ranking_scatter,
     step_bands,
@@ -49,6 +50,7 @@ __all__ = [
     "collective_views",
     "display_bundle",
     "exclusion_chart",
+    "generation_chart",
     "heatmap_comparison",
     "heatmap_explorer_figure",
     "heatmap_explorer_widget",

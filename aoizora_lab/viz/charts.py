@@ -18,6 +18,8 @@ how plans rank.
   the two large ones and "other (1 collective)".
 - :func:`ranking_scatter` reads ``PlanResult.ranking.to_frame()`` and plots each (candidate,
   placement) at its compute and communication time, best starred.
+- :func:`generation_chart` reads ``Generation.to_frame()`` and shows a whole video's seconds
+  part by part (text encoder, each expert's steps, VAE decode), each with its share.
 """
 
 from __future__ import annotations
@@ -325,6 +327,39 @@ def traffic_chart(compiled: Compiles, *, title: str | None = None) -> go.Figure:
         xaxis_title="GB per device per step",
         yaxis={"categoryorder": "array", "categoryarray": candidates[::-1], "title": None},
         height=180 + 30 * max(1, len(candidates)), margin={"t": 90})
+    return fig
+
+
+PART_COLORS = {"text encoder": "#B279A2", "VAE decode": "#F58518"}
+"""The non-DiT parts' colours; every DiT row (one per expert) is blue."""
+
+
+def generation_chart(frame: pd.DataFrame, *, title: str | None = None) -> go.Figure:
+    """A whole video's TPU seconds, one bar per part (``Generation.to_frame()``: its
+    ``part``, ``plan``, ``per_call_s``, ``calls``, ``seconds`` and ``share`` columns), in the
+    order they run, each labelled with its share of the video."""
+    _require(frame, ["part", "plan", "per_call_s", "calls", "seconds", "share"],
+             "generation_chart")
+    factor, unit = time_scale(float(frame["seconds"].max()))
+    total = float(frame["seconds"].sum())
+    fig = go.Figure(go.Bar(
+        orientation="h", x=(frame["seconds"] * factor).tolist(),
+        y=frame["part"].tolist(),
+        text=[f"{share:.0%}" for share in frame["share"]], textposition="auto",
+        marker={"color": [PART_COLORS.get(part, KIND_COLORS["all-gather"])
+                          for part in frame["part"]]},
+        hovertext=[f"<b>{row.part}</b><br>{row.plan}<br>{format_seconds(row.per_call_s)} x "
+                   f"{row.calls} = {format_seconds(row.seconds)}"
+                   for row in frame.itertuples()],
+        hovertemplate="%{hovertext}<extra></extra>"))
+    fig.update_layout(
+        title={"text": title or "Where a video's time goes (predicted TPU seconds)",
+               "subtitle": {"text": f"{format_seconds(total)} in all; host work (tokenising, "
+                                    "copying the video out) not modelled"}},
+        template="plotly_white", xaxis_title=f"per video ({unit})",
+        yaxis={"categoryorder": "array", "categoryarray": frame["part"].tolist()[::-1],
+               "title": None},
+        height=160 + 40 * len(frame), margin={"t": 90})
     return fig
 
 

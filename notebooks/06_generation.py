@@ -1,0 +1,119 @@
+# ---
+# jupyter:
+#   jupytext:
+#     cell_metadata_filter: tags,-all
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.7
+# ---
+
+# %% [markdown]
+# # 6 · The whole video: where a generation's time goes
+#
+# Notebooks 1–5 plan one denoising step. A person waits for a whole video, which runs three
+# programs one after the other on the same slice:
+#
+# 1. the **text encoder** (UMT5-XXL, 24 layers 4096 wide): once, on the prompt and — with
+#    classifier-free guidance — the negative prompt;
+# 2. the **denoising steps**: the DiT step of notebooks 1–5, `steps` times (the model's
+#    official `sample_steps`: 50 for Wan 2.1 T2V, 40 for Wan 2.2 A14B, whose high-noise expert
+#    runs the steps above the boundary timestep and the low-noise expert the rest);
+# 3. the **VAE decoder**: once, on the final latent, to pixels.
+#
+# `plan_generation` plans the two other programs as *parts*: each is split over the slice in a
+# few ways worth trying, every split compiled deviceless with the TPU compiler and priced by
+# the same model as the step, and the fastest kept. Each part has its own mesh; switching
+# meshes between parts moves only the text states and the latent (a few MB), which is not
+# priced. So
+#
+#     seconds = encode + steps x step + decode
+
+# %% tags=["parameters"]
+case = "wan2.1-t2v-1.3b@832x480x81/v5e:2x4"
+layers = 2
+budget = 20000
+time_limit = 300.0  # seconds; None: the full search
+steps = None  # denoising steps; None: the model's official sample_steps
+
+# %%
+from IPython.display import Markdown, display
+
+from aoizora_lab import viz
+from aoizora_lab.generation import plan_generation
+from aoizora_lab.notebook import notebook_inputs, record
+from aoizora_lab.planner import plan
+
+inputs = notebook_inputs(case=case, layers=layers, budget=budget, time_limit=time_limit)
+workload, slice_ = inputs.workload, inputs.topology
+result = plan(workload, slice_, inputs.options)  # the step's plan (cached by notebooks 1-5)
+video = plan_generation(result.best, steps)
+frame = video.to_frame()
+display(Markdown(f"**{workload.name}** on {slice_.name}, {video.steps} steps: "
+                 f"**{video.total_s:.1f} s** of TPU time per video."))
+display(frame)
+viz.show(viz.generation_chart(frame))
+
+# %% [markdown]
+# The steps dominate whenever the video is long and the model large: each step runs the DiT
+# twice (both CFG passes). The decoder is a single program, but a heavy one: 3D convolutions at
+# full resolution on every frame. The text encoder is small next to them (512 tokens).
+
+# %% [markdown]
+# ## How the VAE decode is split
+#
+# The decoder's activations are video frames, so the natural split is **spatial**: the
+# latent's rows × columns in tiles, one tile per device (devices left over hold copies). Every
+# 3x3 convolution then needs its neighbours' edge rows and columns: XLA's SPMD partitioner
+# adds that **halo exchange** as collective-permutes between neighbouring tiles, and the
+# middle block's attention gathers a whole frame. The decoder's upsamplers double both sides
+# at every level, so one tiling fits every level.
+#
+# Each split runs all frames at once or **streamed** (`chunk`: the first latent frame alone,
+# then `chunk` at a time, carrying each causal convolution's last frames), as the official
+# code and MaxDiffusion decode; streaming bounds the activations' memory.
+
+# %%
+display(video.decode.to_frame().drop(columns=["message"]))
+decode = video.decode.best
+if decode is None:
+    display(Markdown("**No decode split compiled** (see the `status` column)."))
+else:
+    display(Markdown(f"Fastest split: **{decode.part.name}**, {decode.seconds:.2f} s, "
+                     f"{decode.hbm_bytes / 2**30:.1f} GiB per device."))
+    display(decode.program.to_frame()[["kind", "bytes", "count", "group_size", "num_groups"]]
+            .groupby(["kind", "group_size"], as_index=False)
+            .agg(collectives=("count", "size"), runs=("count", "sum"),
+                 bytes_per_run=("bytes", "mean")))
+
+# %% [markdown]
+# The decode's halo traffic on the torus: every directed link coloured by the bytes the chosen
+# split sends over it (tiles next to each other on the mesh exchange edges).
+
+# %%
+if decode is not None and decode.program.collectives:
+    link_bytes, users = viz.link_bytes_by_collective(decode.program, slice_, decode.placement)
+    viz.show(viz.torus_heatmap(slice_, link_bytes, collectives_by_link=users,
+                               placement=decode.placement,
+                               title=f"VAE decode {decode.part.name}: bytes per link"))
+
+# %% [markdown]
+# ## The text encoder
+#
+# Both prompts at once: the prompts apart on two groups of devices, and within a group the
+# heads and the FFN's columns apart (Megatron tensor parallelism: one all-reduce after the
+# attention and one after the FFN of every layer).
+
+# %%
+display(video.encode.to_frame().drop(columns=["message"]))
+
+# %%
+record("total_s", video.total_s)
+record("steps", video.steps)
+record("expert_steps", list(video.expert_steps))
+record("encode_s", video.encode_s)
+record("decode_s", video.decode_s)
+record("decode_split", decode.part.name if decode is not None else "")
+record("decode_splits_tried", len(video.decode))
