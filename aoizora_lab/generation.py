@@ -40,7 +40,7 @@ import pandas as pd
 
 from aoizora_lab.errors import AoizoraError, is_whole
 from aoizora_lab.models.wan import SAMPLING, Sampling, expert_steps, preset_key
-from aoizora_lab.parts import VAES, PricedParts, decode_splits, encode_splits, plan_part
+from aoizora_lab.parts import PricedParts, decode_splits, encode_splits, plan_part, vae_for
 from aoizora_lab.realize import Plan
 from aoizora_lab.workload import DEFAULT_TEXT_LEN, Workload
 
@@ -136,8 +136,7 @@ def plan_generation(step: Plan, steps: int | None = None, **kwargs: Any) -> Gene
     n = topology.num_devices
     encode = plan_part(encode_splits(n, prompts=2 if workload.cfg else 1,
                                      text_len=DEFAULT_TEXT_LEN), topology, **kwargs)
-    vae = next(name for name, z_dim in VAES.items() if z_dim == workload.latent_shape[0])
-    decode = plan_part(decode_splits((1, *workload.latent_shape), n, vae=vae), topology,
-                       **kwargs)
+    latent = (1, *workload.latent_shape)
+    decode = plan_part(decode_splits(latent, n, vae=vae_for(latent)), topology, **kwargs)
     return Generation(workload=workload, steps=steps, expert_steps=split, step=step,
                       encode=encode, decode=decode)

@@ -43,6 +43,7 @@ from aoizora_lab.hardware import EFFICIENCY_SOURCES, chip_spec
 from aoizora_lab.hlo import CommProgram
 from aoizora_lab.topology import Topology, parse_slice_name
 from aoizora_lab.uncertainty import DEFAULT_ENSEMBLE, QUANTILES, SPREADS, Ensemble
+from aoizora_lab.workload import Workload
 
 DIFFERENCE_PERCENT = 35.0
 """The primary target: every pair's predicted ``a - b`` (DiT seconds, where the non-DiT time
@@ -606,15 +607,14 @@ DecodePredictor = Callable[[Iterable[str]], Mapping[str, Any]]
 """Prices MaxDiffusion's VAE decode on each case's slice: case -> a ``parts.PricedPart``."""
 
 
-def maxdiffusion_decode(case: str) -> Any:
-    """MaxDiffusion's decode of a case's video at 7cfb880 (the README's version): the latent's
-    width over every device (``vae_spatial: -1``), a latent frame at a time
+def maxdiffusion_decode(workload: Workload, topology: Topology) -> Any:
+    """MaxDiffusion's decode of a workload's video at 7cfb880 (the README's version): the
+    latent's width over every device (``vae_spatial: -1``), a latent frame at a time
     (``vae_decode_chunk: 1``), float32 (``vae_dtype``), as ``parts.DecodePart``."""
-    from aoizora_lab.parts import DecodePart
+    from aoizora_lab.parts import DecodePart, vae_for
 
-    parsed = parse_case(case)
-    return DecodePart((1, *parsed.workload.latent_shape), rows=1,
-                      cols=parsed.topology().num_devices, chunk=1)
+    latent = (1, *workload.latent_shape)
+    return DecodePart(latent, vae=vae_for(latent), rows=1, cols=topology.num_devices, chunk=1)
 
 
 def decode_predictor(*, cache_dir: str | Path | None = None,
@@ -629,7 +629,9 @@ def decode_predictor(*, cache_dir: str | Path | None = None,
                 continue
             if progress:
                 progress(f"published: MaxDiffusion's VAE decode for {case}")
-            out[case] = price_part(maxdiffusion_decode(case), parse_case(case).topology(),
+            parsed = parse_case(case)
+            topology = parsed.topology()
+            out[case] = price_part(maxdiffusion_decode(parsed.workload, topology), topology,
                                    cache_dir=cache_dir)
         return out
 

@@ -169,3 +169,11 @@ def test_a_part_that_cannot_lower_is_a_result_with_its_reason(tmp_path):
                         topology, cache_dir=tmp_path, timeout_s=1.0)
     assert priced.status == CompileStatus.TIMEOUT and not priced.ok
     assert "no result after 1 s" in priced.message
+
+
+def test_the_vae_is_the_one_for_the_latents_channels():
+    from aoizora_lab.parts import VAES, vae_for
+
+    assert {vae_for((1, channels, 3, 4, 4)): channels for channels in VAES.values()} == VAES
+    with pytest.raises(AoizoraError, match=r"latent of 32 channels.*\(1, 32, 3, 4, 4\)"):
+        vae_for((1, 32, 3, 4, 4))

@@ -533,7 +533,7 @@ def test_the_absolute_check_adds_maxdiffusions_decode_to_whole_generations_only(
     def decodes(cases):
         cases = list(cases)
         asked.extend(cases)
-        return {c: priced_part(published.maxdiffusion_decode(c), decode_s) for c in cases}
+        return {c: priced_part(_maxdiffusion_decode(c), decode_s) for c in cases}
 
     loop = published.RunPair("loop", "src", "", _run("ulysses", ULYSSES, 100.0),
                              _run("flash", FLASH, 125.0), timed=published.DENOISE_LOOP)
@@ -567,12 +567,19 @@ def test_a_decode_that_did_not_compile_leaves_the_run_unchecked_and_says_why():
     pair = published.RunPair("whole", "src", "", _run("flash", FLASH, 300.0),
                              _run("ulysses", ULYSSES, 280.0))
     prediction = _fake_predictor({FLASH: 3.0})([pair.a.key])[pair.a.key]
-    failed = priced_part(published.maxdiffusion_decode(CASE), math.nan)
+    failed = priced_part(_maxdiffusion_decode(CASE), math.nan)
     row = published.run_row(pair, pair.a, prediction, failed)
     assert math.isnan(row["tpu_s"]) and row["decode_status"].startswith("oom: RESOURCE")
 
 
+def _maxdiffusion_decode(case):
+    parsed = parse_case(case)
+    return published.maxdiffusion_decode(parsed.workload, parsed.topology())
+
+
 def test_maxdiffusions_decode_is_the_width_over_every_device_frame_by_frame():
-    part = published.maxdiffusion_decode("wan2.1-t2v-14b@1280x720x81/tpu7x:2x2x2")
-    assert (part.latent, part.rows, part.cols, part.chunk, part.dtype) == (
-        (1, 16, 21, 90, 160), 1, 16, 1, "float32")
+    part = _maxdiffusion_decode("wan2.1-t2v-14b@1280x720x81/tpu7x:2x2x2")
+    assert (part.latent, part.rows, part.cols, part.chunk, part.dtype, part.vae) == (
+        (1, 16, 21, 90, 160), 1, 16, 1, "float32", "wan2.1")
+    ti2v = _maxdiffusion_decode("wan2.2-ti2v-5b@1280x704x121/v6e:2x4")
+    assert ti2v.vae == "wan2.2" and ti2v.latent == (1, 48, 31, 44, 80)
