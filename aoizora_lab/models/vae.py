@@ -428,14 +428,28 @@ def decode(params: Params, z: jax.Array, config: VAEConfig, *,
 
 def _decoder(params: Params, z: jax.Array, config: VAEConfig, constrain: Constrain,
              stream: Stream | None) -> jax.Array:
+    def blocks(x: jax.Array, keep: Callable[[jax.Array], jax.Array]) -> jax.Array:
+        for layer in middle_layers(_middle_width(config)) + _upsample_layers(config):
+            x = keep(FORWARD[layer.kind](x, params, layer, stream))
+        return x
+
+    return decoder_ends(params, z, config, constrain, stream, blocks)
+
+
+def decoder_ends(params: Params, z: jax.Array, config: Any, constrain: Constrain,
+                 stream: Stream | None,
+                 blocks: Callable[[jax.Array, Callable[[jax.Array], jax.Array]], jax.Array],
+                 finish: Callable[[jax.Array], jax.Array] = lambda x: x) -> jax.Array:
+    """What both Wan VAEs' decoders share around their ``blocks``: un-normalise ``z`` with the
+    config's ``latent_mean`` / ``latent_std``, ``conv2`` and ``decoder.conv1`` in, then the
+    head (RMS norm, SiLU, ``decoder.head.2``), ``finish`` (Wan 2.2: the unpatchify) and the
+    clamp to [-1, 1]; ``constrain`` after each step (``blocks`` gets it too)."""
     keep = constrain or (lambda a: a)
     x = unnormalise(z, config.latent_mean, config.latent_std)
     x = keep(causal_conv(causal_conv(keep(x), params, "conv2"), params, "decoder.conv1",
                          stream))
-    for layer in middle_layers(_middle_width(config)) + _upsample_layers(config):
-        x = keep(FORWARD[layer.kind](x, params, layer, stream))
-    x = jax.nn.silu(rms_norm(x, params["decoder.head.0.gamma"]))
-    return keep(jnp.clip(causal_conv(x, params, "decoder.head.2", stream), -1.0, 1.0))
+    x = jax.nn.silu(rms_norm(blocks(x, keep), params["decoder.head.0.gamma"]))
+    return keep(jnp.clip(finish(causal_conv(x, params, "decoder.head.2", stream)), -1.0, 1.0))
 
 
 def streamed(decoder: Callable[[jax.Array, Stream | None], jax.Array], z: jax.Array,

@@ -49,7 +49,7 @@ layouts (``decoder.upsamples.{level}.upsamples.{block}...``), as in the Wan 2.1 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -67,15 +67,13 @@ from aoizora_lab.models.vae import (
     Params,
     Stream,
     attention_shapes,
-    causal_conv,
     check_decoder_config,
     conv_shapes,
+    decoder_ends,
     middle_layers,
     random_params,
     residual_shapes,
-    rms_norm,
     streamed,
-    unnormalise,
     upsample_shapes,
 )
 
@@ -293,17 +291,14 @@ def decode(params: Params, z: jax.Array, config: VAE22Config, *,
 
 def _decoder(params: Params, z: jax.Array, config: VAE22Config, constrain: Constrain,
              stream: Stream | None) -> jax.Array:
-    keep = constrain or (lambda a: a)
-    x = unnormalise(z, config.latent_mean, config.latent_std)
-    x = keep(causal_conv(causal_conv(keep(x), params, "conv2"), params, "decoder.conv1",
-                         stream))
-    for layer in middle_layers(config.dec_dim * config.dim_mult[-1]):
-        x = keep(FORWARD[layer.kind](x, params, layer, stream))
-    for level in _levels(config):
-        x = keep(_up_block(x, params, level, stream))
-    x = jax.nn.silu(rms_norm(x, params["decoder.head.0.gamma"]))
-    return keep(jnp.clip(_unpatchify(causal_conv(x, params, "decoder.head.2", stream)),
-                         -1.0, 1.0))
+    def blocks(x: jax.Array, keep: Callable[[jax.Array], jax.Array]) -> jax.Array:
+        for layer in middle_layers(config.dec_dim * config.dim_mult[-1]):
+            x = keep(FORWARD[layer.kind](x, params, layer, stream))
+        for level in _levels(config):
+            x = keep(_up_block(x, params, level, stream))
+        return x
+
+    return decoder_ends(params, z, config, constrain, stream, blocks, finish=_unpatchify)
 
 
 def _check_latent_shape(config: VAE22Config, shape: tuple[int, ...]) -> None:
