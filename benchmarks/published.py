@@ -619,20 +619,25 @@ def maxdiffusion_decode(workload: Workload, topology: Topology) -> Any:
 
 def decode_predictor(*, cache_dir: str | Path | None = None,
                      progress: Callable[[str], None] | None = None) -> DecodePredictor:
-    """Compile and price :func:`maxdiffusion_decode` per case (``parts.price_part``)."""
-    from aoizora_lab.parts import price_part
+    """Compile and price :func:`maxdiffusion_decode` per case (``parts.price_part``), once per
+    distinct decode: Wan 2.1 14B and both A14B models decode the same latent, and a decode
+    that timed out is not cached, so asking again would wait out the time-out again."""
+    from aoizora_lab import parts
 
     def run(cases: Iterable[str]) -> dict[str, Any]:
-        out = {}
+        out, priced = {}, {}
         for case in dict.fromkeys(cases):
             if missing_generation(case) is not None:
                 continue
-            if progress:
-                progress(f"published: MaxDiffusion's VAE decode for {case}")
             parsed = parse_case(case)
             topology = parsed.topology()
-            out[case] = price_part(maxdiffusion_decode(parsed.workload, topology), topology,
-                                   cache_dir=cache_dir)
+            part = maxdiffusion_decode(parsed.workload, topology)
+            if (part, topology.name) not in priced:
+                if progress:
+                    progress(f"published: MaxDiffusion's VAE decode for {case}")
+                priced[part, topology.name] = parts.price_part(part, topology,
+                                                               cache_dir=cache_dir)
+            out[case] = priced[part, topology.name]
         return out
 
     return run

@@ -583,3 +583,18 @@ def test_maxdiffusions_decode_is_the_width_over_every_device_frame_by_frame():
         (1, 16, 21, 90, 160), 1, 16, 1, "float32", "wan2.1")
     ti2v = _maxdiffusion_decode("wan2.2-ti2v-5b@1280x704x121/v6e:2x4")
     assert ti2v.vae == "wan2.2" and ti2v.latent == (1, 48, 31, 44, 80)
+
+
+def test_a_decode_shared_by_several_runs_is_priced_once(monkeypatch):
+    from tiny import priced_part
+
+    from aoizora_lab import parts
+
+    asked = []
+    monkeypatch.setattr(parts, "price_part",
+                        lambda part, topology, **_: asked.append(part) or priced_part(part, 1.0))
+    cases = [f"{model}@1280x720x81/v6e:2x4" for model in
+             ("wan2.1-t2v-14b", "wan2.2-t2v-a14b", "wan2.2-i2v-a14b")]
+    decodes = published.decode_predictor()([*cases, "wan2.1-t2v-14b@832x480x81/v6e:2x4"])
+    assert set(decodes) == {*cases, "wan2.1-t2v-14b@832x480x81/v6e:2x4"}
+    assert len(asked) == 2 and decodes[cases[0]] is decodes[cases[2]]  # one latent, one decode
