@@ -41,6 +41,7 @@ from aoizora_lab.comm_model import Collective, mesh_axis_groups
 from aoizora_lab.cost import COMPUTE_MODELS, DEFAULT_COMPUTE_MODEL, Predicted, comm_seconds
 from aoizora_lab.hardware import EFFICIENCY_SOURCES, chip_spec
 from aoizora_lab.hlo import CommProgram
+from aoizora_lab.models.wan import PRESETS, WanConfig
 from aoizora_lab.topology import Topology, parse_slice_name
 from aoizora_lab.uncertainty import DEFAULT_ENSEMBLE, QUANTILES, SPREADS, Ensemble
 from aoizora_lab.workload import Workload
@@ -194,8 +195,10 @@ class Run:
 
     @property
     def key(self) -> tuple[str, str]:
-        """What is rebuilt and compiled: (case, recipe)."""
-        return (self.case, self.recipe)
+        """What is rebuilt and compiled: (case, recipe), the case's model named by the first
+        preset of the same config (:func:`program_case`), so runs of one program are one
+        prediction."""
+        return (program_case(self.case), self.recipe)
 
     @property
     def attention(self) -> str:
@@ -220,6 +223,17 @@ class RunPair:
     note: str = ""
     timed: str = WHOLE_GENERATION
     """What the published times cover: :data:`WHOLE_GENERATION` or :data:`DENOISE_LOOP`."""
+
+
+def program_case(case: str) -> str:
+    """``case`` with its model named by the first preset of :data:`~aoizora_lab.models.wan.
+    PRESETS` with the same config: a Wan 2.2 T2V-A14B expert is Wan 2.1 T2V-14B's model, so
+    ``wan2.2-t2v-a14b@1280x720x81/tpu7x:2x2x1`` compiles (and predicts) as
+    ``wan2.1-t2v-14b@1280x720x81/tpu7x:2x2x1``."""
+    workload, _, slice_name = case.strip().rpartition("/")  # the slice may not be modelled yet
+    model = Workload.parse(workload).model
+    first = next(name for name, preset in PRESETS.items() if preset == WanConfig.preset(model))
+    return f"{first}{workload[len(model):]}/{slice_name}"
 
 
 def prediction_key(pair: RunPair) -> tuple[tuple[str, str], ...]:

@@ -598,3 +598,16 @@ def test_a_decode_shared_by_several_runs_is_priced_once(monkeypatch):
     decodes = published.decode_predictor()([*cases, "wan2.1-t2v-14b@832x480x81/v6e:2x4"])
     assert set(decodes) == {*cases, "wan2.1-t2v-14b@832x480x81/v6e:2x4"}
     assert len(asked) == 2 and decodes[cases[0]] is decodes[cases[2]]  # one latent, one decode
+
+
+def test_runs_of_one_program_are_one_prediction():
+    # A Wan 2.2 T2V-A14B expert is Wan 2.1 T2V-14B's model: the same compiled program.
+    t2v = published.Run("flash", "wan2.2-t2v-a14b@1280x720x81/tpu7x:2x2x1", published.FLASH4,
+                        40, 1.0)
+    wan21 = dataclasses.replace(t2v, case="wan2.1-t2v-14b@1280x720x81/tpu7x:2x2x1", steps=50)
+    i2v = dataclasses.replace(t2v, case="wan2.2-i2v-a14b@1280x720x81/tpu7x:2x2x1")
+    assert t2v.key == wan21.key == (wan21.case, published.FLASH4)
+    assert i2v.key == (i2v.case, published.FLASH4)  # 36 channels in, no CLIP: its own program
+    ring = [p for p in published.PAIRS if p.key.startswith("README v7x-8 Wan 2.")]
+    assert len(ring) == 2 and published.prediction_key(ring[0]) == published.prediction_key(
+        ring[1])
