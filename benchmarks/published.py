@@ -1,7 +1,7 @@
 """Checked against what was measured: published TPU measurements, rebuilt and predicted.
 
     python benchmarks/published.py [--num-layers 2] [--workers 2] [--cache-dir DIR] \
-        [--out reports/benchmarks.md]
+        [--decode-timeout 1800] [--out reports/benchmarks.md]
 
 Every published TPU number found for this workbench's questions (scaling-book collectives,
 MaxDiffusion's Wan runs) is rebuilt as what the pipeline models: a lone ``Collective`` on a
@@ -631,7 +631,7 @@ def maxdiffusion_decode(workload: Workload, topology: Topology) -> Any:
     return DecodePart(latent, vae=vae_for(latent), rows=1, cols=topology.num_devices, chunk=1)
 
 
-def decode_predictor(*, cache_dir: str | Path | None = None,
+def decode_predictor(*, cache_dir: str | Path | None = None, timeout_s: float = 1800.0,
                      progress: Callable[[str], None] | None = None) -> DecodePredictor:
     """Compile and price :func:`maxdiffusion_decode` per case (``parts.price_part``), once per
     distinct decode: Wan 2.1 14B and both A14B models decode the same latent, and a decode
@@ -649,8 +649,8 @@ def decode_predictor(*, cache_dir: str | Path | None = None,
             if (part, topology.name) not in priced:
                 if progress:
                     progress(f"published: MaxDiffusion's VAE decode for {case}")
-                priced[part, topology.name] = parts.price_part(part, topology,
-                                                               cache_dir=cache_dir)
+                priced[part, topology.name] = parts.price_part(
+                    part, topology, cache_dir=cache_dir, timeout_s=timeout_s)
             out[case] = priced[part, topology.name]
         return out
 
@@ -1449,6 +1449,9 @@ def main() -> None:
     parser.add_argument("--compute-model", choices=COMPUTE_MODELS, default=DEFAULT_COMPUTE_MODEL,
                         help="how ops are priced (aoizora_lab.cost; the report section is "
                              "written for the default only)")
+    parser.add_argument("--decode-timeout", type=float, default=1800.0, metavar="S",
+                        help="seconds a VAE decode may compile before it is recorded as timed "
+                             "out (default 1800)")
     parser.add_argument("--out", default="reports/benchmarks.md",
                         help="report whose published-measurements section is rewritten")
     args = parser.parse_args()
@@ -1461,7 +1464,8 @@ def main() -> None:
                                 workers=args.workers, progress=print, compute_model=model,
                                 ensemble=ensemble),
             config={"num_layers": args.num_layers, "compute model": model}, ensemble=ensemble,
-            decodes=(decode_predictor(cache_dir=args.cache_dir, progress=print)
+            decodes=(decode_predictor(cache_dir=args.cache_dir, timeout_s=args.decode_timeout,
+                                      progress=print)
                      if model == args.compute_model else None))
 
     checks = {model: check(model)
