@@ -32,6 +32,7 @@ measurements".
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -125,14 +126,13 @@ def plan_generation(step: Plan, steps: int | None = None, **kwargs: Any) -> Gene
     ``steps``: the preset's official ``sample_steps`` unless given; an A14B video's experts
     split them as the official schedule at that many steps does."""
     workload, topology = step.workload, step.topology
-    if steps is None or workload.experts > 1:
-        sampling = official_sampling(workload)
-        steps = sampling.steps if steps is None else steps
-        check_steps(steps)
-        split = expert_steps(Sampling(steps, sampling.shift, sampling.boundary))
-    else:
-        check_steps(steps)
-        split = (steps, 0)
+    # The official sampler sets the default steps and, for A14B, where the experts switch.
+    sampling = (official_sampling(workload) if steps is None or workload.experts > 1
+                else None)
+    steps = sampling.steps if steps is None else steps
+    check_steps(steps)
+    split = (expert_steps(dataclasses.replace(sampling, steps=steps)) if sampling
+             else (steps, 0))
     n = topology.num_devices
     encode = plan_part(encode_splits(n, prompts=2 if workload.cfg else 1,
                                      text_len=DEFAULT_TEXT_LEN), topology, **kwargs)

@@ -65,6 +65,11 @@ from aoizora_lab.versions import code_versions, digest, memoized
 VAES = {"wan2.1": 16, "wan2.2": 48}
 """The VAE decoders a :class:`DecodePart` can run, with their latent channels: Wan 2.1's (also
 Wan 2.2 A14B's) and Wan 2.2 TI2V-5B's."""
+DTYPES = ("float32", "bfloat16")
+MIN_TILE = 2
+"""Fewest latent rows (columns) a split device decodes: with one-row tiles and copies, XLA's
+SPMD partitioner (jax 0.10.2, CPU) gave wrong convolutions (a latent of 2 rows in 2 tiles);
+real latents have 44 rows or more, so this costs no useful split."""
 
 
 def vae_for(latent: Sequence[int]) -> str:
@@ -74,11 +79,6 @@ def vae_for(latent: Sequence[int]) -> str:
         raise AoizoraError(f"No VAE decodes a latent of {latent[1]} channels "
                            f"({tuple(latent)}); the VAEs take {VAES}.")
     return names[0]
-DTYPES = ("float32", "bfloat16")
-MIN_TILE = 2
-"""Fewest latent rows (columns) a split device decodes: with one-row tiles and copies, XLA's
-SPMD partitioner (jax 0.10.2, CPU) gave wrong convolutions (a latent of 2 rows in 2 tiles);
-real latents have 44 rows or more, so this costs no useful split."""
 
 
 @dataclass(frozen=True)
