@@ -12,9 +12,14 @@ from aoizora_lab.models.safetensors_io import load_safetensors
 from aoizora_lab.models.vae import (
     VAEConfig,
     abstract_decoder_params,
+    abstract_encoder_params,
     decode,
+    encode,
+    encoder_param_shapes,
     init_decoder_params,
+    latent_shape,
     load_decoder_params,
+    load_encoder_params,
     param_shapes,
     video_shape,
 )
@@ -118,3 +123,53 @@ def test_a_bad_chunk_is_an_error_naming_it(official):
     config, params, tensors = official
     with pytest.raises(AoizoraError, match=r"chunk=0 must be a positive number of latent frames"):
         decode(params, jnp.asarray(tensors["input.z"]), config, chunk=0)
+
+
+ENCODER_FIXTURE = FIXTURE.with_name("wan21_vae_encoder_tiny.safetensors")
+
+
+@pytest.fixture(scope="module")
+def official_encoder():
+    """The tiny official encoder: config, float32 parameters and the golden tensors."""
+    meta = json.loads(ENCODER_FIXTURE.with_suffix(".json").read_text())
+    tensors = load_safetensors(ENCODER_FIXTURE)
+    config = VAEConfig(**meta["config"])
+    return config, load_encoder_params(tensors, config), tensors
+
+
+@pytest.mark.parametrize("chunk", [None, 1, 2])
+def test_encode_matches_the_official_chunked_encode(official_encoder, chunk):
+    """All frames at once, streamed as the official code (the first frame, then 4 at a time)
+    and 8 at a time (a padded last chunk): the same latent."""
+    config, params, tensors = official_encoder
+    video = jnp.asarray(tensors["input.video"])
+    mu = np.asarray(jax.jit(lambda p, v: encode(p, v, config, chunk=chunk))(params, video))
+    expected = tensors["output.mu"]
+    assert mu.shape == expected.shape == latent_shape(config, video.shape) == (2, 16, 3, 2, 3)
+    assert np.linalg.norm(mu - expected) / np.linalg.norm(expected) < 1e-5
+
+
+def test_encode_is_causal_and_drops_nothing(official_encoder):
+    """A change in the last 4 frames moves only the last latent frame; the first frame alone
+    makes the first latent frame (what an image-to-video latent's first frame is)."""
+    config, params, tensors = official_encoder
+    video = jnp.asarray(tensors["input.video"])
+    run = jax.jit(lambda p, v: encode(p, v, config))
+    before, after = (np.asarray(run(params, v)) for v in (video, video.at[:, :, -1].add(0.5)))
+    np.testing.assert_array_equal(after[:, :, :-1], before[:, :, :-1])
+    assert np.abs(after[:, :, -1] - before[:, :, -1]).max() > 1e-3
+    first = np.asarray(run(params, video[:, :, :1]))
+    np.testing.assert_allclose(first[:, :, 0], before[:, :, 0], rtol=1e-5, atol=1e-6)
+
+
+def test_encoder_shapes_and_errors_name_the_bad_value():
+    config = VAEConfig.wan21()
+    out = jax.eval_shape(lambda p, v: encode(p, v, config), abstract_encoder_params(config),
+                         jax.ShapeDtypeStruct((1, 3, 81, 720, 1280), jnp.bfloat16))
+    assert out.shape == latent_shape(config, (1, 3, 81, 720, 1280)) == (1, 16, 21, 90, 160)
+    assert video_shape(config, out.shape) == (1, 3, 81, 720, 1280)  # decode inverts the shape
+    with pytest.raises(AoizoraError, match=r"\(1, 3, 80, 720, 1280\).*1 \+ 4 k"):
+        latent_shape(config, (1, 3, 80, 720, 1280))
+    with pytest.raises(AoizoraError, match=r"chunk=0"):
+        encode(abstract_encoder_params(config), jnp.zeros((1, 3, 1, 8, 8)), config, chunk=0)
+    assert not set(encoder_param_shapes(config)) & set(param_shapes(config))

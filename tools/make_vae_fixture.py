@@ -1,4 +1,6 @@
-"""Generate the Wan 2.1 VAE decoder golden fixture (tests/data/wan21_vae_tiny.*) with torch.
+"""Generate the Wan 2.1 VAE golden fixtures with torch: the decoder's
+(tests/data/wan21_vae_tiny.*) and, with ``--encoder``, the encoder's
+(tests/data/wan21_vae_encoder_tiny.*).
 
 One-off: needs torch, einops, safetensors and numpy in a throwaway environment (never the
 project's), e.g. ``python3 -m venv /tmp/torchenv && /tmp/torchenv/bin/pip install torch einops
@@ -9,7 +11,10 @@ It builds a tiny ``WanVAE_`` from the official classes copied verbatim below, ra
 decoder parameter with a fixed seed, and runs the official frame-by-frame ``WanVAE_.decode``
 (un-normalise, ``conv2``, one latent frame at a time through ``Decoder3d`` with ``feat_cache``)
 followed by ``WanVAE.decode``'s ``.float().clamp_(-1, 1)``, one sample at a time as
-``WanVAE.decode`` does.
+``WanVAE.decode`` does. With ``--encoder`` it randomises the encoder's parameters instead
+(``encoder.*``, ``conv1.*``) and runs the official ``WanVAE_.encode`` (the first frame alone,
+then 4 frames at a time with ``feat_cache``; ``conv1``; ``(mu - mean) * (1 / std)``) on a
+random video, one sample at a time as ``WanVAE.encode``.
 """
 
 # The block between the VERBATIM markers is the official code, unmodified, hence its style.
@@ -639,8 +644,9 @@ OUT = Path(__file__).resolve().parents[1] / "tests" / "data"
 NAME = "wan21_vae_tiny"
 
 
-def randomise(model: nn.Module) -> dict[str, torch.Tensor]:
-    """Every decoder parameter random, so that none is left at an identity-like init.
+def randomise(model: nn.Module, prefixes: tuple[str, ...] = ("decoder.", "conv2.")
+              ) -> dict[str, torch.Tensor]:
+    """Every parameter under ``prefixes`` random, so that none is left at an identity-like init.
 
     The official init leaves RMS_norm gammas at 1, the attention ``proj`` at 0 and
     ``Resample.init_weight*`` unused; a fixture with those would not test them.
@@ -648,7 +654,7 @@ def randomise(model: nn.Module) -> dict[str, torch.Tensor]:
     params = {}
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if not name.startswith(("decoder.", "conv2.")):
+            if not name.startswith(prefixes):
                 continue
             if name.endswith(".gamma"):
                 p.copy_(1.0 + GAMMA_STD * torch.randn_like(p))
@@ -759,5 +765,57 @@ def main() -> None:
           f"stats {meta['output_stats']}; numpy {np.__version__}", file=sys.stderr)
 
 
+ENCODER_NAME = "wan21_vae_encoder_tiny"
+ENCODER_PARAM_SEED = 1
+ENCODER_INPUT_SEED = 11
+VIDEO_SHAPE = (2, 3, 9, 16, 24)  # [B, 3, 1 + 4 k, H, W]: chunks of 1, 4, 4 frames
+
+
+def main_encoder() -> None:
+    torch.manual_seed(ENCODER_PARAM_SEED)
+    model = WanVAE_(**CONFIG, dropout=0.0).eval()
+    params = randomise(model, ("encoder.", "conv1."))
+    torch.manual_seed(ENCODER_INPUT_SEED)
+    video = torch.rand(VIDEO_SHAPE) * 2 - 1
+    scale = [torch.tensor(MEAN, dtype=torch.float32), 1.0 / torch.tensor(STD, dtype=torch.float32)]
+    latents, features = [], []
+    with torch.no_grad():
+        for u in video:
+            chunks, handles = record({"encoder": model.encoder})
+            latents.append(model.encode(u.unsqueeze(0), scale).float())  # WanVAE.encode
+            for h in handles:
+                h.remove()
+            features.append(torch.cat(chunks["encoder"], 2))
+    mu = torch.cat(latents)
+    tensors = {**params, "input.video": video, "output.mu": mu,
+               "intermediate.encoder": torch.cat(features)}
+    save_file({k: v.contiguous() for k, v in tensors.items()}, OUT / f"{ENCODER_NAME}.safetensors")
+    meta = {
+        "description": ("Golden reference from the official Wan2.1 PyTorch video VAE encoder "
+                        f"(github.com/{WAN21_REPO}, {WAN21_PATH}) for a tiny random encoder."),
+        "wan21_repo": WAN21_REPO,
+        "wan21_commit": WAN21_COMMIT,
+        "wan21_path": WAN21_PATH,
+        "generator": "tools/make_vae_fixture.py --encoder (official classes copied verbatim)",
+        "torch_version": torch.__version__,
+        "config": {**CONFIG, "latent_mean": MEAN, "latent_std": STD},
+        "param_seed": ENCODER_PARAM_SEED,
+        "input_seed": ENCODER_INPUT_SEED,
+        "dtype": "float32",
+        "init": ("As the decoder fixture's, for the 'encoder.*' / 'conv1.*' parameters."),
+        "inputs": ("torch.manual_seed(input_seed); input.video = torch.rand(video_shape) * 2 - 1"),
+        "encode": ("For each sample u: WanVAE_.encode(u.unsqueeze(0), scale=[mean, 1/std]) "
+                   "(Encoder3d on the first frame, then 4 frames at a time with feat_cache; "
+                   "conv1; mu = first z_dim channels; (mu - mean) * (1/std)); torch.no_grad()."),
+        "param_keys": {k: list(v.shape) for k, v in params.items()},
+        "input_keys": {"input.video": list(video.shape)},
+        "output_keys": {"output.mu": list(mu.shape)},
+        "intermediate_notes": {"intermediate.encoder": "Encoder3d's output (2 z_dim channels), "
+                               "chunks concatenated in time, before conv1"},
+    }
+    (OUT / f"{ENCODER_NAME}.json").write_text(json.dumps(meta, indent=1) + "\n")
+    print(f"video {tuple(video.shape)} -> mu {tuple(mu.shape)}", file=sys.stderr)
+
+
 if __name__ == "__main__":
-    main()
+    main_encoder() if sys.argv[1:] == ["--encoder"] else main()

@@ -1,8 +1,11 @@
-"""Wan 2.1 video VAE decoder in JAX, faithful to the official ``wan/modules/vae.py``.
+"""Wan 2.1 video VAE in JAX, faithful to the official ``wan/modules/vae.py``: the decoder,
+and the encoder an image-to-video generation runs on its conditioning video.
 
 Source: github.com/Wan-Video/Wan2.1, ``wan/modules/vae.py`` at commit
-9737cba9c1c3c4d04b33fcad41c111989865d315 (``WanVAE_.decode``, ``Decoder3d`` and their blocks);
-``tests/data/wan21_vae_tiny.*`` is a golden output of that code (``tools/make_vae_fixture.py``).
+9737cba9c1c3c4d04b33fcad41c111989865d315 (``WanVAE_.decode`` / ``.encode``, ``Decoder3d``,
+``Encoder3d`` and their blocks); ``tests/data/wan21_vae_tiny.*`` and
+``tests/data/wan21_vae_encoder_tiny.*`` are golden outputs of that code
+(``tools/make_vae_fixture.py``). The encoder is :func:`encode`, at the end of this module.
 
 :func:`decode` maps a normalised latent video ``z`` ``[B, z_dim, T, h, w]`` (what the DiT
 produces) to RGB video ``[B, 3, 1 + 4 (T - 1), 8 h, 8 w]`` in ``[-1, 1]``:
@@ -153,9 +156,9 @@ def check_decoder_config(config: Any, width: str) -> None:
 
 
 class Layer(NamedTuple):
-    """One official module of the decoder: its kind, state-dict prefix and widths."""
+    """One official module of the decoder or encoder: its kind, state-dict prefix and widths."""
 
-    kind: str  # "residual", "attention", "upsample2d" or "upsample3d"
+    kind: str  # "residual", "attention", "upsample2d/3d" or "downsample2d/3d"
     name: str
     in_dim: int
     out_dim: int
@@ -185,11 +188,11 @@ def _upsample_layers(config: VAEConfig) -> list[Layer]:
     return layers
 
 
-def middle_layers(width: int) -> list[Layer]:
-    """``decoder.middle``: residual block, attention, residual block, all ``width`` wide."""
-    return [Layer("residual", "decoder.middle.0", width, width),
-            Layer("attention", "decoder.middle.1", width, width),
-            Layer("residual", "decoder.middle.2", width, width)]
+def middle_layers(width: int, prefix: str = "decoder") -> list[Layer]:
+    """``{prefix}.middle``: residual block, attention, residual block, all ``width`` wide."""
+    return [Layer("residual", f"{prefix}.middle.0", width, width),
+            Layer("attention", f"{prefix}.middle.1", width, width),
+            Layer("residual", f"{prefix}.middle.2", width, width)]
 
 
 def _middle_width(config: VAEConfig) -> int:
@@ -241,10 +244,13 @@ def upsample_shapes(shapes: dict, layer: Layer) -> None:
     conv_shapes(shapes, f"{layer.name}.resample.1", layer.in_dim, layer.out_dim, (3, 3))
     if layer.kind == "upsample3d":
         conv_shapes(shapes, f"{layer.name}.time_conv", layer.in_dim, 2 * layer.in_dim, (3, 1, 1))
+    elif layer.kind == "downsample3d":
+        conv_shapes(shapes, f"{layer.name}.time_conv", layer.in_dim, layer.in_dim, (3, 1, 1))
 
 
 _LAYER_SHAPES = {"residual": residual_shapes, "attention": attention_shapes,
-                 "upsample2d": upsample_shapes, "upsample3d": upsample_shapes}
+                 "upsample2d": upsample_shapes, "upsample3d": upsample_shapes,
+                 "downsample2d": upsample_shapes, "downsample3d": upsample_shapes}
 
 
 def video_shape(config: VAEConfig, latent_shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -458,6 +464,8 @@ def streamed(decoder: Callable[[jax.Array, Stream | None], jax.Array], z: jax.Ar
     frame alone (:attr:`Stream.first`), then the others ``chunk`` at a time in a ``lax.scan``
     carrying the causal convs' frames (MaxDiffusion's ``vae_decode_chunk``). The last chunk is
     padded with zero frames, whose outputs are cut off: causality keeps them out of the rest.
+    The encoder streams video frames the same way (``WanVAE_.encode``: 1, then 4 at a time),
+    each chunk giving fewer frames than it takes.
     """
     if chunk is None:
         return decoder(z, None)
@@ -483,8 +491,8 @@ def streamed(decoder: Callable[[jax.Array, Stream | None], jax.Array], z: jax.Ar
     _, out = lax.scan(step, first.after, chunks)  # [steps, B, C, frames per chunk, H, W]
     out = jnp.moveaxis(out, 0, 2)
     out = out.reshape(*out.shape[:2], -1, *out.shape[4:])
-    per_frame = out.shape[2] // (steps * chunk)
-    return jnp.concatenate([head, out[:, :, :rest * per_frame]], axis=2)
+    kept = rest * out.shape[2] // (steps * chunk)  # the frames of the unpadded input
+    return jnp.concatenate([head, out[:, :, :kept]], axis=2)
 
 
 def unnormalise(z: jax.Array, latent_mean: tuple[float, ...],
@@ -500,4 +508,158 @@ def _check_latent_shape(config: VAEConfig, shape: tuple[int, ...]) -> None:
         raise AoizoraError(
             f"Latent shape {shape} must be [B, z_dim={config.z_dim}, T, h, w] with every size "
             f"at least 1, e.g. (1, {config.z_dim}, 21, 90, 160) for 81 frames at 720x1280."
+        )
+
+
+# ----------------------------------------------------------------------------- encoder
+#
+# The official ``WanVAE_.encode`` maps a video ``[B, 3, 1 + 4 k, H, W]`` in [-1, 1] to the
+# normalised latent ``[B, z_dim, 1 + k, H / 8, W / 8]``: ``Encoder3d`` (causal 3x3x3 ``conv1``
+# to ``dim``; per level ``num_res_blocks`` residual blocks and, except on the last level, a
+# downsampler: zero-pad one row and column after, 3x3 conv of stride 2, then on
+# ``downsample3d`` levels ``time_conv``, a 3x1x1 conv of stride 2 in time; the middle blocks;
+# RMS norm, SiLU, causal conv to ``2 z_dim``), ``conv1`` (1x1x1), the mean half ``mu``, then
+# ``(mu - mean) / std``. It runs the first frame alone and then 4 frames at a time with the
+# causal convs' cache: for ``time_conv`` the first chunk is stored and passes through, and each
+# later chunk is convolved with the previous chunk's last frame in front, so over the whole
+# sequence a ``downsample3d`` is ``concat(x[:1], conv_stride2(x))`` with no padding in time.
+
+
+def _encoder_layers(config: VAEConfig) -> list[Layer]:
+    """``Encoder3d.downsamples`` in order, built as the official constructor builds it."""
+    widths = [config.dim * m for m in (1, *config.dim_mult)]
+    scale = 1.0
+    layers: list[Layer] = []
+
+    def add(kind: str, in_dim: int, out_dim: int) -> None:
+        layers.append(Layer(kind, f"encoder.downsamples.{len(layers)}", in_dim, out_dim))
+
+    for i, (in_dim, out_dim) in enumerate(itertools.pairwise(widths)):
+        for _ in range(config.num_res_blocks):
+            add("residual", in_dim, out_dim)
+            if scale in config.attn_scales:
+                add("attention", out_dim, out_dim)
+            in_dim = out_dim
+        if i != len(config.dim_mult) - 1:
+            add("downsample3d" if config.temperal_downsample[i] else "downsample2d",
+                out_dim, out_dim)
+            scale /= 2.0
+    return layers
+
+
+def encoder_param_shapes(config: VAEConfig) -> dict[str, tuple[int, ...]]:
+    """Official state-dict name -> shape of every parameter :func:`encode` uses."""
+    z2, mid = 2 * config.z_dim, _middle_width(config)
+    shapes: dict[str, tuple[int, ...]] = {}
+    conv_shapes(shapes, "encoder.conv1", 3, config.dim, (3, 3, 3))
+    for layer in _encoder_layers(config) + middle_layers(mid, "encoder"):
+        _LAYER_SHAPES[layer.kind](shapes, layer)
+    shapes["encoder.head.0.gamma"] = (mid, 1, 1, 1)
+    conv_shapes(shapes, "encoder.head.2", mid, z2, (3, 3, 3))
+    conv_shapes(shapes, "conv1", z2, z2, (1, 1, 1))
+    return shapes
+
+
+def abstract_encoder_params(config: VAEConfig, dtype: Any = jnp.bfloat16) -> Params:
+    """The encoder's parameters as ``ShapeDtypeStruct``s: shapes for lowering."""
+    return {n: jax.ShapeDtypeStruct(s, dtype) for n, s in encoder_param_shapes(config).items()}
+
+
+def init_encoder_params(config: VAEConfig, key: jax.Array, dtype: Any = jnp.float32) -> Params:
+    """Random encoder parameters, drawn as :func:`init_decoder_params` draws the decoder's."""
+    return random_params(encoder_param_shapes(config), key, dtype)
+
+
+def load_encoder_params(source: Mapping[str, Any] | str | Path, config: VAEConfig,
+                        dtype: Any = jnp.float32) -> Params:
+    """The encoder's parameters from an official state dict or a ``.safetensors`` file (as
+    :func:`load_decoder_params`: other keys ignored, a missing or misshaped one an error)."""
+    return load_named(source, encoder_param_shapes(config), what="a Wan VAE checkpoint",
+                      config=config, dtype=dtype)
+
+
+def time_factor(config: VAEConfig) -> int:
+    """Video frames per latent frame after the first (4 in Wan 2.1)."""
+    return 2 ** sum(config.temperal_downsample)
+
+
+def latent_shape(config: VAEConfig, video: tuple[int, ...]) -> tuple[int, ...]:
+    """Shape of :func:`encode`'s latent for a video of shape ``video`` ``[B, 3, T, H, W]``."""
+    _check_video_shape(config, tuple(video))
+    b, _, t, h, w = video
+    s = 2 ** (len(config.dim_mult) - 1)
+    return b, config.z_dim, 1 + (t - 1) // time_factor(config), h // s, w // s
+
+
+def _downsample(x: jax.Array, params: Params, layer: Layer, stream: Stream | None = None
+                ) -> jax.Array:
+    """Official ``Resample`` (``downsample2d`` / ``downsample3d``): space first, then time."""
+    x = _strided(x, params, f"{layer.name}.resample.1", (1, 2, 2), ((0, 0), (0, 1), (0, 1)))
+    if layer.kind != "downsample3d":
+        return x
+    time_conv = f"{layer.name}.time_conv"
+    if stream is None:
+        return x if x.shape[2] == 1 else jnp.concatenate(
+            [x[:, :, :1], _strided(x, params, time_conv, (2, 1, 1), ((0, 0),) * 3)], axis=2)
+    if stream.first:  # official: the first chunk is cached and passes through
+        stream.after[time_conv] = x[:, :, -1:]
+        return x
+    return _strided(stream.extend(x, time_conv, 1), params, time_conv, (2, 1, 1),
+                    ((0, 0),) * 3)
+
+
+def _strided(x: jax.Array, params: Params, name: str, strides: tuple[int, int, int],
+             padding: tuple[tuple[int, int], ...]) -> jax.Array:
+    """A conv of the given ``strides`` and explicit ``padding`` (a Conv2d per frame where the
+    weight has no time axis)."""
+    w = params[f"{name}.weight"]
+    w = w[:, :, None] if w.ndim == 4 else w
+    y = lax.conv_general_dilated(x, w.astype(x.dtype), strides, padding,
+                                 dimension_numbers=_CONV_DIMS)
+    return y + params[f"{name}.bias"].astype(x.dtype)[:, None, None, None]
+
+
+FORWARD.update(downsample2d=_downsample, downsample3d=_downsample)
+
+
+def encode(params: Params, video: jax.Array, config: VAEConfig, *,
+           constrain: Constrain = None, chunk: int | None = None) -> jax.Array:
+    """The normalised latent ``[B, z_dim, 1 + (T - 1) / 4, H / 8, W / 8]`` of a video
+    ``[B, 3, T, H, W]`` in [-1, 1] (the official ``WanVAE.encode``'s ``mu``, no sampling).
+
+    ``constrain``: as :func:`decode`'s, after every layer and on the latent. ``chunk``:
+    ``None`` encodes all frames at once; ``k`` as the official code with ``k = 1``: the first
+    frame alone, then ``k`` latent frames' worth of video frames (4 k) at a time with the causal
+    convs' cache (:func:`streamed`).
+    """
+    _check_video_shape(config, tuple(video.shape))
+    if chunk is not None and not is_whole(chunk):
+        raise AoizoraError(
+            f"chunk={chunk!r} must be a positive number of latent frames, or None to encode "
+            "every frame at once; the official encode uses 1 (4 video frames a step)."
+        )
+    keep = constrain or (lambda a: a)
+
+    def encoder(x: jax.Array, stream: Stream | None) -> jax.Array:
+        x = keep(causal_conv(x, params, "encoder.conv1", stream))
+        for layer in _encoder_layers(config) + middle_layers(_middle_width(config), "encoder"):
+            x = keep(FORWARD[layer.kind](x, params, layer, stream))
+        x = jax.nn.silu(rms_norm(x, params["encoder.head.0.gamma"]))
+        return keep(causal_conv(x, params, "encoder.head.2", stream))
+
+    frames = None if chunk is None else chunk * time_factor(config)
+    mu = causal_conv(streamed(encoder, video, frames), params, "conv1")[:, :config.z_dim]
+    mean = jnp.asarray(config.latent_mean, mu.dtype).reshape(1, -1, 1, 1, 1)
+    inv_std = 1.0 / jnp.asarray(config.latent_std, mu.dtype).reshape(1, -1, 1, 1, 1)
+    return keep((mu - mean) * inv_std)  # the official (mu - scale[0]) * scale[1]
+
+
+def _check_video_shape(config: VAEConfig, shape: tuple[int, ...]) -> None:
+    f, s = time_factor(config), 2 ** (len(config.dim_mult) - 1)
+    if (len(shape) != 5 or shape[1] != 3 or min(shape) < 1 or (shape[2] - 1) % f
+            or shape[3] % s or shape[4] % s):
+        raise AoizoraError(
+            f"Video shape {shape} must be [B, 3, T, H, W] with T = 1 + {f} k frames (the "
+            f"official encode drops any others) and H, W multiples of {s}, e.g. "
+            "(1, 3, 81, 720, 1280)."
         )
