@@ -2,7 +2,7 @@
 
 What a person waits for is a generation, not a step::
 
-    seconds = encode + steps x step + decode
+    seconds = encode (+ video encode) + steps x step + decode
 
 - ``encode``: the UMT5 encoder on the prompt and, with CFG, the negative prompt, once
   (:class:`~aoizora_lab.parts.EncodePart`, the fastest of
@@ -14,7 +14,12 @@ What a person waits for is a generation, not a step::
   low-noise one after (26 and 14 of T2V's 40): the same program on other weights, so the same
   step time, both experts resident (:attr:`~aoizora_lab.workload.Workload.experts`);
 - ``decode``: the VAE decoder on the final latent, once (:class:`~aoizora_lab.parts.DecodePart`,
-  the fastest of :func:`~aoizora_lab.parts.decode_splits`).
+  the fastest of :func:`~aoizora_lab.parts.vae_splits`);
+- ``video encode``, image-to-video only (a model with condition channels: Wan 2.1 I2V-14B,
+  Wan 2.2 I2V-A14B): the VAE encoder on the condition video, the image then zero frames, all
+  of the video's frames as the official pipelines do, once
+  (:class:`~aoizora_lab.parts.VideoEncodePart`). Not modelled: Wan 2.1 I2V's CLIP image
+  encoder (one 224 x 224 image) and TI2V-5B's encode of its one image frame.
 
 The three run one after the other on the same slice, each on its own mesh: a mesh is a Python
 object, so changing it between parts costs only moving what one part hands the next (the text
@@ -41,7 +46,14 @@ import pandas as pd
 
 from aoizora_lab.errors import AoizoraError, is_whole
 from aoizora_lab.models.wan import SAMPLING, Sampling, expert_steps, preset_key
-from aoizora_lab.parts import PricedParts, decode_splits, encode_splits, plan_part, vae_for
+from aoizora_lab.parts import (
+    PricedParts,
+    VideoEncodePart,
+    encode_splits,
+    plan_part,
+    vae_for,
+    vae_splits,
+)
 from aoizora_lab.realize import Plan
 from aoizora_lab.workload import DEFAULT_TEXT_LEN, Workload
 
@@ -71,6 +83,9 @@ class Generation:
     """The encoder splits tried; ``encode.best`` runs."""
     decode: PricedParts
     """The decoder splits tried; ``decode.best`` runs."""
+    video_encode: PricedParts = dataclasses.field(default_factory=PricedParts)
+    """Image-to-video: the VAE encoder splits tried on the condition video (``best`` runs);
+    empty otherwise."""
 
     @property
     def encode_s(self) -> float:
@@ -81,18 +96,28 @@ class Generation:
         return self.decode.best.seconds if self.decode.best else math.nan
 
     @property
+    def video_encode_s(self) -> float:
+        """The condition video's encode (0 where the model has none, NaN where none compiled)."""
+        if not len(self.video_encode):
+            return 0.0
+        return self.video_encode.best.seconds if self.video_encode.best else math.nan
+
+    @property
     def steps_s(self) -> float:
         return self.steps * self.step.predicted.total_s
 
     @property
     def total_s(self) -> float:
         """The whole video (NaN where a part has no split that compiled)."""
-        return self.encode_s + self.steps_s + self.decode_s
+        return self.encode_s + self.video_encode_s + self.steps_s + self.decode_s
 
     def to_frame(self) -> pd.DataFrame:
         """One row per part: its plan, seconds per call, calls, seconds and share."""
         rows: list[dict[str, Any]] = []
-        for name, parts in (("text encoder", self.encode), ("VAE decode", self.decode)):
+        named = [("text encoder", self.encode), ("VAE decode", self.decode)]
+        if len(self.video_encode):
+            named.insert(1, ("VAE encode (image condition)", self.video_encode))
+        for name, parts in named:
             best = parts.best
             rows.append({"part": name, "plan": best.part.name if best else "none compiled",
                          "order": best.placement.description if best else "",
@@ -101,10 +126,12 @@ class Generation:
         high, low = self.expert_steps
         names = (("DiT steps (high-noise expert)", high), ("DiT steps (low-noise expert)", low)
                  ) if low else (("DiT steps", high),)
-        rows[1:1] = [{"part": name, "plan": f"{step.candidate.name} ({step.flags.label} flags)",
-                      "order": step.placement.description,
-                      "per_call_s": step.predicted.total_s, "calls": calls}
-                     for name, calls in names]
+        before_decode = len(named) - 1  # the steps run between the encodes and the decode
+        rows[before_decode:before_decode] = [
+            {"part": name, "plan": f"{step.candidate.name} ({step.flags.label} flags)",
+             "order": step.placement.description, "per_call_s": step.predicted.total_s,
+             "calls": calls}
+            for name, calls in names]
         frame = pd.DataFrame(rows)
         frame["seconds"] = frame["per_call_s"] * frame["calls"]
         frame["share"] = frame["seconds"] / self.total_s
@@ -137,6 +164,8 @@ def plan_generation(step: Plan, steps: int | None = None, **kwargs: Any) -> Gene
     encode = plan_part(encode_splits(n, prompts=2 if workload.cfg else 1,
                                      text_len=DEFAULT_TEXT_LEN), topology, **kwargs)
     latent = (1, *workload.latent_shape)
-    decode = plan_part(decode_splits(latent, n, vae=vae_for(latent)), topology, **kwargs)
+    decode = plan_part(vae_splits(latent, n, vae=vae_for(latent)), topology, **kwargs)
+    video_encode = (plan_part(vae_splits(latent, n, part=VideoEncodePart), topology, **kwargs)
+                    if workload.config().condition_channels else PricedParts())
     return Generation(workload=workload, steps=steps, expert_steps=split, step=step,
-                      encode=encode, decode=decode)
+                      encode=encode, decode=decode, video_encode=video_encode)

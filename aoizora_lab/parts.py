@@ -2,7 +2,8 @@
 
 A Wan generation runs three kinds of program: the text encoder once per prompt, the DiT's
 denoising steps (:mod:`aoizora_lab.workload`, planned by :mod:`aoizora_lab.planner`) and the
-VAE decoder once per video. This module owns the first and the last as *parts*: a part is a
+VAE decoder once per video; an image-to-video generation also runs the VAE encoder on its
+condition video. This module owns all but the steps as *parts*: a part is a
 program and how it is split over the slice's devices. Each part is lowered with real
 shardings (:func:`lower_part`), compiled deviceless by libtpu in a child process through the
 compile cache (:func:`compile_part`, the worker :mod:`aoizora_lab.part_worker`), and priced by
@@ -27,10 +28,15 @@ The policy, one split per part:
   width only, over every device (``vae_spatial: -1``), and decodes a latent frame at a time
   with the causal cache; xDiT's DistVAE splits the height; the official code decodes on one
   GPU.
+- **VAE encoder** (:class:`VideoEncodePart`, Wan 2.1's, :func:`aoizora_lab.models.vae.encode`):
+  the image-to-video condition (the image, then zero frames: the official I2V pipelines of
+  Wan 2.1 and Wan 2.2 A14B encode all 81 frames) split as the decoder, in the latent's rows x
+  cols tiles (each level halves both, so each level's activations split alike). Wan 2.1 I2V's
+  CLIP image encoder (one 224 x 224 image) is not modelled.
 
 Worked example: Wan 2.1 at 720p decodes a latent ``[1, 16, 21, 90, 160]``. On ``v5e:2x4``
 (8 devices) the splits whose sizes divide the latent and the devices are rows x cols in
-{1, 2} x {1, 2, 4, 8}; :func:`decode_splits` keeps those that use the most devices (2 x 4 and
+{1, 2} x {1, 2, 4, 8}; :func:`vae_splits` keeps those that use the most devices (2 x 4 and
 1 x 8), the squarest first (2 x 4: each device decodes a 45 x 40 latent tile, 360 x 320 pixels
 at the last level, and exchanges a tile's edges, 2 x (360 + 320) pixels a row or column per
 convolution), each all frames at once and 5 latent frames at a time. Each is compiled, and
@@ -82,70 +88,101 @@ def vae_for(latent: Sequence[int]) -> str:
 
 
 @dataclass(frozen=True)
-class DecodePart:
-    """One VAE decode of a video's latent, split over the slice (module docstring)."""
+class VaePart:
+    """A VAE program on one video's latent, in latent rows x cols tiles (module docstring):
+    what :class:`DecodePart` and :class:`VideoEncodePart` share."""
 
-    kind: ClassVar[str] = "decode"
+    kind: ClassVar[str]
+    prefix: ClassVar[str]
+    """How :attr:`name` starts."""
     axes: ClassVar[tuple[str, ...]] = ("copies", "rows", "cols")
 
     latent: tuple[int, ...]
-    """The latent the DiT produces, ``[B, z_dim, T, h, w]`` (``Workload.latent_shape`` with a
-    batch of 1: the VAE decodes the guided latent, one video)."""
+    """The latent, ``[B, z_dim, T, h, w]`` (``Workload.latent_shape`` with a batch of 1: one
+    video): the one the DiT produces and the decoder takes, or the one the encoder makes."""
     vae: str = "wan2.1"
-    """Which decoder (:data:`VAES`)."""
+    """Which VAE (:data:`VAES`)."""
     rows: int = 1
-    """Devices the latent's rows are split over."""
+    """Devices the latent's rows (and every level's, at its scale) are split over."""
     cols: int = 1
     """Devices the latent's columns are split over."""
     chunk: int | None = None
-    """``None``: every frame at once; ``k``: the first latent frame alone, then ``k`` at a
-    time with the causal convs' cache, as the official decode (``k = 1``) and MaxDiffusion's
+    """``None``: every frame at once; ``k``: the first frame alone, then ``k`` latent frames at
+    a time with the causal convs' cache, as the official code (``k = 1``) and MaxDiffusion's
     ``vae_decode_chunk`` (:func:`aoizora_lab.models.vae.streamed`): less memory, a loop."""
     dtype: str = "float32"
     """Compute and weight dtype. Float32: the official ``WanVAE`` and MaxDiffusion's
-    ``vae_dtype`` both decode in float32."""
+    ``vae_dtype`` both run the VAE in float32."""
 
     def __post_init__(self) -> None:
+        owner = type(self).__name__
         object.__setattr__(self, "latent", tuple(self.latent))
         if len(self.latent) != 5 or not all(is_whole(n) for n in self.latent):
             raise AoizoraError(
-                f"DecodePart.latent={self.latent} must be [B, z_dim, T, h, w] of positive "
+                f"{owner}.latent={self.latent} must be [B, z_dim, T, h, w] of positive "
                 "integers, e.g. (1, 16, 21, 90, 160) for Wan 2.1 at 720p."
             )
         if self.vae not in VAES:
-            raise AoizoraError(f"DecodePart.vae={self.vae!r} must be one of {tuple(VAES)}.")
+            raise AoizoraError(f"{owner}.vae={self.vae!r} must be one of {tuple(VAES)}.")
         if self.latent[1] != VAES[self.vae]:
             raise AoizoraError(
-                f"DecodePart.latent={self.latent} has {self.latent[1]} channels; the {self.vae} "
-                f"VAE decodes {VAES[self.vae]}."
+                f"{owner}.latent={self.latent} has {self.latent[1]} channels; the {self.vae} "
+                f"VAE's latent has {VAES[self.vae]}."
             )
         for name, size in (("rows", self.latent[3]), ("cols", self.latent[4])):
             split = getattr(self, name)
             if not (is_whole(split) and (split == 1 or split <= size // MIN_TILE)):
                 raise AoizoraError(
-                    f"DecodePart.{name}={split!r} must be 1 or an integer up to the latent's "
+                    f"{owner}.{name}={split!r} must be 1 or an integer up to the latent's "
                     f"{size} {name} / {MIN_TILE}: tiles of at least {MIN_TILE} (MIN_TILE; a "
                     "split that does not divide them pads the last tile)."
                 )
         if self.chunk is not None and not is_whole(self.chunk, 1, self.latent[2]):
             raise AoizoraError(
-                f"DecodePart.chunk={self.chunk!r} must be None (every frame at once) or a "
+                f"{owner}.chunk={self.chunk!r} must be None (every frame at once) or a "
                 f"number of latent frames from 1 to the latent's {self.latent[2]}."
             )
         _check_dtype(self)
 
     @property
     def devices(self) -> int:
-        """Devices that decode distinct tiles (the others hold copies)."""
+        """Devices that run distinct tiles (the others hold copies)."""
         return self.rows * self.cols
 
     @property
     def name(self) -> str:
         frames = "all" if self.chunk is None else self.chunk
-        return f"vae-{self.vae}-rows{self.rows}-cols{self.cols}-chunk{frames}"
+        return f"{self.prefix}-{self.vae}-rows{self.rows}-cols{self.cols}-chunk{frames}"
 
     def mesh_shape(self, num_devices: int) -> tuple[int, ...]:
         return _mesh_shape(self, num_devices, (self.rows, self.cols))
+
+
+@dataclass(frozen=True)
+class DecodePart(VaePart):
+    """One VAE decode of a video's latent, split over the slice (module docstring)."""
+
+    kind: ClassVar[str] = "decode"
+    prefix: ClassVar[str] = "vae"
+
+
+@dataclass(frozen=True)
+class VideoEncodePart(VaePart):
+    """The VAE encoder on an image-to-video generation's condition video (the image, then
+    zero frames: ``[1, 3, 1 + 4 (T - 1), 8 h, 8 w]``), making the ``latent``; split as a decode
+    (module docstring). The Wan 2.1 VAE only: Wan 2.1 I2V and Wan 2.2 I2V-A14B encode 81 frames
+    with it, TI2V-5B encodes its one image frame with the Wan 2.2 VAE (not modelled)."""
+
+    kind: ClassVar[str] = "video-encode"
+    prefix: ClassVar[str] = "vae-encode"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.vae != "wan2.1":
+            raise AoizoraError(
+                f"VideoEncodePart.vae={self.vae!r}: only the Wan 2.1 VAE's encoder is modelled "
+                "(what Wan 2.1 I2V and Wan 2.2 I2V-A14B run); use vae='wan2.1'."
+            )
 
 
 @dataclass(frozen=True)
@@ -192,8 +229,9 @@ class EncodePart:
         return _mesh_shape(self, num_devices, (self.prompt_split, self.tp))
 
 
-Part = DecodePart | EncodePart
-_KINDS: dict[str, type] = {"decode": DecodePart, "encode": EncodePart}
+Part = DecodePart | VideoEncodePart | EncodePart
+_KINDS: dict[str, type] = {"decode": DecodePart, "video-encode": VideoEncodePart,
+                           "encode": EncodePart}
 
 
 def _check_dtype(part: Part) -> None:
@@ -206,7 +244,7 @@ def _mesh_shape(part: Part, num_devices: int, split: tuple[int, ...]) -> tuple[i
         raise AoizoraError(
             f"{part.name} splits over {part.devices} devices, which does not divide the "
             f"slice's {num_devices}: pick splits whose product divides it "
-            "(decode_splits / encode_splits list them)."
+            "(vae_splits / encode_splits list them)."
         )
     return (num_devices // part.devices, *split)
 
@@ -239,20 +277,21 @@ def lower_part(part: Part, devices: Sequence[Any]) -> Any:
     return _LOWER[part.kind](part, part_mesh(part, devices))
 
 
-def vae_of(part: DecodePart) -> tuple[Any, Any]:
-    """The decoder module and the released config a :class:`DecodePart` runs."""
+def vae_of(part: VaePart) -> tuple[Any, Any]:
+    """The VAE module and the released config a :class:`VaePart` runs."""
     from aoizora_lab.models import vae, vae22
 
     return ((vae, vae.VAEConfig.wan21()) if part.vae == "wan2.1"
             else (vae22, vae22.VAE22Config.wan22()))
 
 
-def sharded_decode(part: DecodePart, mesh: Any, config: Any = None) -> Any:
-    """``decode(params, z)`` jitted with ``part``'s split on ``mesh``: weights and the (small)
-    latent copied, every layer's activations and the video split in tiles (rows x cols; a
-    constraint, so a split that does not divide pads its last tiles, and its video comes back
-    whole on every device: a ``jax.Array`` has no padded tiles). ``config``: the decoder's
-    (the released one by default; a small one for tests)."""
+def sharded_decode(part: VaePart, mesh: Any, config: Any = None) -> Any:
+    """``decode(params, z)`` (``encode(params, video)`` for a :class:`VideoEncodePart`) jitted
+    with ``part``'s split on ``mesh``: weights and the input copied, every layer's activations
+    and the output split in tiles (rows x cols; a constraint, so a split that does not divide
+    pads its last tiles, and its output comes back whole on every device: a ``jax.Array`` has
+    no padded tiles). ``config``: the VAE's (the released one by default; a small one for
+    tests)."""
     import jax
     from jax.sharding import NamedSharding
     from jax.sharding import PartitionSpec as P
@@ -261,21 +300,28 @@ def sharded_decode(part: DecodePart, mesh: Any, config: Any = None) -> Any:
     config = config or released
     tiles = NamedSharding(mesh, P(None, None, None, "rows", "cols"))
 
-    def run(params: Any, z: Any) -> Any:
-        return module.decode(params, z, config, chunk=part.chunk,
-                             constrain=lambda a: jax.lax.with_sharding_constraint(a, tiles))
+    run_vae = module.encode if part.kind == "video-encode" else module.decode
+
+    def run(params: Any, x: Any) -> Any:
+        return run_vae(params, x, config, chunk=part.chunk,
+                       constrain=lambda a: jax.lax.with_sharding_constraint(a, tiles))
 
     return jax.jit(run, in_shardings=NamedSharding(mesh, P()))
 
 
-def _lower_decode(part: DecodePart, mesh: Any) -> Any:
+def _lower_vae(part: VaePart, mesh: Any) -> Any:
     import jax
     import jax.numpy as jnp
 
     module, config = vae_of(part)
     dtype = jnp.dtype(part.dtype)
-    return sharded_decode(part, mesh).lower(module.abstract_decoder_params(config, dtype),
-                                            jax.ShapeDtypeStruct(part.latent, dtype))
+    if part.kind == "video-encode":
+        params = module.abstract_encoder_params(config, dtype)
+        x = jax.ShapeDtypeStruct(module.video_shape(config, part.latent), dtype)
+    else:
+        params = module.abstract_decoder_params(config, dtype)
+        x = jax.ShapeDtypeStruct(part.latent, dtype)
+    return sharded_decode(part, mesh).lower(params, x)
 
 
 def _t5_spec(name: str) -> tuple[Any, ...]:
@@ -322,29 +368,33 @@ def _lower_encode(part: EncodePart, mesh: Any) -> Any:
         t5.abstract_encoder_params(config, jnp.dtype(part.dtype)), ids, ids)
 
 
-_LOWER = {"decode": _lower_decode, "encode": _lower_encode}
+_LOWER = {"decode": _lower_vae, "video-encode": _lower_vae, "encode": _lower_encode}
 
 
 # ----------------------------------------------------------------------------- splits
 
 
-def decode_splits(latent: Sequence[int], num_devices: int, *, vae: str = "wan2.1",
-                  keep: int = 2, chunks: Sequence[int | None] = (None, 5)
-                  ) -> list[DecodePart]:
-    """The splits worth compiling for a decode of ``latent`` on ``num_devices``: rows x cols
-    dividing the latent's rows and columns and the devices, those that use the most devices
-    (compute per device falls as 1 / devices), the squarest tiles first (a tile's halo is its
-    perimeter), at most ``keep`` (module docstring's example), each with every ``chunks``: by
-    default all frames at once (no loop; the most memory, which fits on larger slices) and 5
-    latent frames at a time (MaxDiffusion's ``vae_decode_chunk`` since its PR #464; the
-    official 1 carries the cache through 4x more steps)."""
+def vae_splits(latent: Sequence[int], num_devices: int, *, part: type = DecodePart,
+               vae: str = "wan2.1", keep: int = 2, chunks: Sequence[int | None] | None = None
+               ) -> list[VaePart]:
+    """The splits worth compiling for a ``part`` (:class:`DecodePart` or
+    :class:`VideoEncodePart`) of ``latent`` on ``num_devices``: rows x cols dividing the
+    latent's rows and columns and the devices, those that use the most devices (compute per
+    device falls as 1 / devices), the squarest tiles first (a tile's halo is its perimeter), at
+    most ``keep`` (module docstring's example), each with every ``chunks``: by default all
+    frames at once (no loop; the most memory, which fits on larger slices) and, for a decode,
+    5 latent frames at a time (MaxDiffusion's ``vae_decode_chunk`` since its PR #464; the
+    official 1 carries the cache through 4x more steps), for an encode 1 (the official
+    encode's and MaxDiffusion's 4 video frames a step)."""
+    if chunks is None:
+        chunks = (None, 1) if part is VideoEncodePart else (None, 5)
     _, _, t, h, w = latent
     splits = [(r, c) for r in _splits(h) for c in _splits(w) if num_devices % (r * c) == 0]
     most = max(r * c for r, c in splits)
     best = sorted((s for s in splits if s[0] * s[1] == most),
                   key=lambda s: (h // s[0] + w // s[1], s))
     frames = dict.fromkeys(k if k is None else min(k, t) for k in chunks)  # a short video
-    return [DecodePart(tuple(latent), vae=vae, rows=r, cols=c, chunk=k)
+    return [part(tuple(latent), vae=vae, rows=r, cols=c, chunk=k)
             for r, c in best[:keep] for k in frames]
 
 

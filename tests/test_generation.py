@@ -13,7 +13,7 @@ from aoizora_lab.cost import Predicted
 from aoizora_lab.errors import AoizoraError
 from aoizora_lab.generation import Generation, plan_generation
 from aoizora_lab.models.wan import SAMPLING, sampling_timesteps
-from aoizora_lab.parts import DecodePart, EncodePart, PricedParts
+from aoizora_lab.parts import DecodePart, EncodePart, PricedParts, VideoEncodePart
 from aoizora_lab.placement import plain_order
 from aoizora_lab.realize import Plan
 from aoizora_lab.topology import Topology
@@ -86,6 +86,31 @@ def test_the_decoder_is_the_models_vae(monkeypatch):
     assert {p.vae for p in decodes} == {"wan2.2"}
     assert all(p.latent == (1, *workload.latent_shape) for p in decodes)
     assert video.steps == SAMPLING["wan2.2-ti2v-5b"].steps and video.expert_steps[1] == 0
+
+
+@pytest.mark.parametrize("model", ["wan2.1-i2v-14b", "wan2.2-i2v-a14b"])
+def test_image_to_video_encodes_its_condition_video_once(monkeypatch, model):
+    seconds = [0.5, math.nan, 2.0, 0.4, 0.25, 0.3]  # each call prices its splits in order
+    fake, asked = fake_plan_part(seconds)
+    monkeypatch.setattr(generation, "plan_part", fake)
+    workload = Workload.parse(f"{model}@1280x720x81")
+    video = plan_generation(_step(2.0, workload))
+    _, _, video_encodes = asked
+    # The condition video makes a latent of the DiT's shape: encoded in latent tiles.
+    assert video_encodes and all(type(p) is VideoEncodePart for p in video_encodes)
+    assert all(p.latent == (1, *workload.latent_shape) for p in video_encodes)
+    assert video.video_encode_s == min(s for s in seconds[:len(video_encodes)]
+                                       if not math.isnan(s))
+    assert video.total_s == pytest.approx(video.encode_s + video.video_encode_s
+                                          + video.steps_s + video.decode_s)
+    frame = video.to_frame()
+    assert list(frame["part"])[:2] == ["text encoder", "VAE encode (image condition)"]
+    assert list(frame["part"])[-1] == "VAE decode"
+    assert frame["seconds"].sum() == pytest.approx(video.total_s)
+    # A text-to-video generation has none.
+    t2v = plan_generation(_step(2.0))
+    assert t2v.video_encode_s == 0 and "VAE encode (image condition)" not in set(
+        t2v.to_frame()["part"])
 
 
 def test_steps_must_be_a_positive_count():

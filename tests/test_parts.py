@@ -17,7 +17,7 @@ from aoizora_lab.models.safetensors_io import load_safetensors
 from aoizora_lab.parts import (
     DecodePart,
     EncodePart,
-    decode_splits,
+    VideoEncodePart,
     encode_splits,
     part_from_spec,
     part_mesh,
@@ -25,6 +25,7 @@ from aoizora_lab.parts import (
     price_part,
     sharded_decode,
     sharded_encode,
+    vae_splits,
 )
 from aoizora_lab.topology import Topology
 
@@ -70,6 +71,25 @@ def test_a_split_decode_equals_the_unsplit_one(name, module, config, latent, row
     np.testing.assert_allclose(np.asarray(video), np.asarray(whole), atol=5e-5)
 
 
+@pytest.mark.parametrize(("rows", "cols", "chunk"), [(2, 3, None), (3, 1, 1)])
+def test_a_split_video_encode_equals_the_unsplit_one_with_halo_exchanges(rows, cols, chunk):
+    """The VAE encoder in latent tiles (8 rows in tiles of 3, 3, 2 included: a split that does
+    not divide), all frames at once and as the official 1-then-4 chunks."""
+    config = vae.VAEConfig(dim=4, num_res_blocks=1)
+    params = vae.init_encoder_params(config, jax.random.key(0))
+    latent = (1, 16, 3, 8, 6)
+    video = jax.random.uniform(jax.random.key(1), vae.video_shape(config, latent),
+                               minval=-1.0, maxval=1.0)
+    part = VideoEncodePart(latent, rows=rows, cols=cols, chunk=chunk)
+    devices = jax.devices()[: part.devices * (8 // part.devices)]
+    run = sharded_decode(part, part_mesh(part, devices), config)
+    mu = run(params, video)
+    whole = jax.jit(lambda p, v: vae.encode(p, v, config, chunk=chunk))(params, video)
+    assert mu.shape == latent
+    np.testing.assert_allclose(np.asarray(mu), np.asarray(whole), atol=5e-5)
+    assert "collective-permute" in run.lower(params, video).compile().as_text()
+
+
 @pytest.mark.parametrize(("prompt_split", "tp"), [(2, 2), (1, 4), (2, 1)])
 def test_a_split_encoder_gives_the_official_states(prompt_split, tp):
     config, params, tensors = _fixture("umt5_tiny", t5.T5Config, t5.load_encoder_params)
@@ -86,6 +106,7 @@ def test_a_split_encoder_gives_the_official_states(prompt_split, tp):
 
 def test_parts_round_trip_through_their_job_spec():
     for part in (DecodePart((1, 16, 21, 90, 160), rows=2, cols=4),
+                 VideoEncodePart((1, 16, 21, 90, 160), rows=2, cols=4, chunk=1),
                  EncodePart(prompts=2, prompt_split=2, tp=4)):
         assert part_from_spec(json.loads(json.dumps(part_spec(part)))) == part
 
@@ -97,8 +118,12 @@ def test_bad_parts_are_errors_that_name_the_value_and_the_fix():
         DecodePart((1, 16, 21, 90, 160), chunk=0)
     with pytest.raises(AoizoraError, match=r"vae='wan3'.*one of"):
         DecodePart((1, 16, 21, 90, 160), vae="wan3")
-    with pytest.raises(AoizoraError, match=r"has 16 channels; the wan2.2 VAE decodes 48"):
+    with pytest.raises(AoizoraError, match=r"has 16 channels; the wan2.2 VAE's latent has 48"):
         DecodePart((1, 16, 21, 90, 160), vae="wan2.2")
+    with pytest.raises(AoizoraError, match=r"VideoEncodePart.vae='wan2.2'.*vae='wan2.1'"):
+        VideoEncodePart((1, 48, 31, 44, 80), vae="wan2.2")
+    with pytest.raises(AoizoraError, match=r"VideoEncodePart.rows=46"):
+        VideoEncodePart((1, 16, 21, 90, 160), rows=46)
     with pytest.raises(AoizoraError, match=r"cols=True must be 1 or an integer"):
         DecodePart((1, 16, 21, 90, 160), cols=True)
     with pytest.raises(AoizoraError, match=r"latent=\(1, 16, 21\).*\[B, z_dim, T, h, w\]"):
@@ -116,9 +141,9 @@ def test_bad_parts_are_errors_that_name_the_value_and_the_fix():
 @pytest.mark.parametrize(("latent", "devices"), [((1, 16, 21, 90, 160), 8),
                                                   ((1, 16, 21, 60, 104), 256),
                                                   ((1, 48, 21, 44, 80), 16)])
-def test_decode_splits_use_the_most_devices_squarest_first(latent, devices):
+def test_vae_splits_use_the_most_devices_squarest_first(latent, devices):
     vae = "wan2.2" if latent[1] == 48 else "wan2.1"
-    splits = decode_splits(latent, devices, vae=vae, keep=3, chunks=(None,))
+    splits = vae_splits(latent, devices, vae=vae, keep=3, chunks=(None,))
     h, w = latent[3], latent[4]
     possible = [(r, c) for r in range(1, h // 2 + 1) for c in range(1, w // 2 + 1)
                 if h % r == 0 and w % c == 0 and devices % (r * c) == 0]
@@ -129,9 +154,18 @@ def test_decode_splits_use_the_most_devices_squarest_first(latent, devices):
     assert min(perimeters) == min(h // r + w // c for r, c in possible if r * c == most)
 
 
-def test_decode_splits_chunk_a_short_video_at_most_its_length():
-    splits = decode_splits((1, 16, 2, 4, 6), 8, chunks=(None, 1, 5))
+def test_vae_splits_chunk_a_short_video_at_most_its_length():
+    splits = vae_splits((1, 16, 2, 4, 6), 8, chunks=(None, 1, 5))
     assert {p.chunk for p in splits} == {None, 1, 2}
+
+
+def test_vae_splits_of_an_encode_are_encodes_chunked_as_the_official_code():
+    decodes = vae_splits((1, 16, 21, 90, 160), 8)
+    encodes = vae_splits((1, 16, 21, 90, 160), 8, part=VideoEncodePart)
+    assert all(type(p) is VideoEncodePart for p in encodes)
+    assert [(p.rows, p.cols) for p in encodes] == [(p.rows, p.cols) for p in decodes]
+    assert {p.chunk for p in encodes} == {None, 1} and {p.chunk for p in decodes} == {None, 5}
+    assert len({p.name for p in encodes + decodes}) == len(encodes + decodes)
 
 
 @pytest.mark.parametrize(("devices", "prompts"), [(8, 2), (6, 2), (3, 2), (8, 1)])
@@ -160,6 +194,16 @@ def test_a_decode_compiles_deviceless_and_prices_its_halos(tmp_path):
 
     draws = price(priced.program, topology, priced.placement)
     assert (draws > 0).all() and draws.max() > draws.min()
+
+
+@pytest.mark.slow
+def test_a_video_encode_compiles_deviceless_on_the_released_encoder(tmp_path):
+    topology = Topology.from_name("v5e:2x4", deviceless=True)
+    priced = price_part(VideoEncodePart((1, 16, 3, 16, 24), rows=2, cols=4), topology,
+                        cache_dir=tmp_path)
+    assert priced.status == CompileStatus.OK, priced.message
+    assert priced.predicted.compute_s > 0 and priced.predicted.comm_s > 0
+    assert priced.part.name.startswith("vae-encode-wan2.1-rows2-cols4")
 
 
 @pytest.mark.slow

@@ -330,7 +330,8 @@ def traffic_chart(compiled: Compiles, *, title: str | None = None) -> go.Figure:
     return fig
 
 
-PART_COLORS = {"text encoder": "#B279A2", "VAE decode": "#F58518"}
+PART_COLORS = {"text encoder": "#B279A2", "VAE encode (image condition)": "#EECA3B",
+               "VAE decode": "#F58518"}
 """The non-DiT parts' colours; every DiT row (one per expert) is blue."""
 
 
