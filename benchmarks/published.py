@@ -1,7 +1,7 @@
 """Checked against what was measured: published TPU measurements, rebuilt and predicted.
 
     python benchmarks/published.py [--num-layers 2] [--workers 2] [--cache-dir DIR] \
-        [--decode-timeout 1800] [--out reports/benchmarks.md]
+        [--vae-timeout 1800] [--out reports/benchmarks.md]
 
 Every published TPU number found for this workbench's questions (scaling-book collectives,
 MaxDiffusion's Wan runs) is rebuilt as what the pipeline models: a lone ``Collective`` on a
@@ -57,8 +57,8 @@ side of 1 and within this many percent of it (a ratio near 1 hides a miss: 1.01 
 
 ABSOLUTE_PERCENT = 15.0
 """The absolute target: a published run's TPU time (whole generation: the DiT steps and
-MaxDiffusion's VAE decode; denoise loop: the steps) within this many percent of the
-prediction."""
+MaxDiffusion's VAE decode, and encode for image-to-video; denoise loop: the steps) within this
+many percent of the prediction."""
 
 SECTION = "## Published measurements"
 """This script's heading in ``reports/benchmarks.md``."""
@@ -617,8 +617,9 @@ def compiling_predictor(*, num_layers: int | None = 2, cache_dir: str | Path | N
     return run
 
 
-DecodePredictor = Callable[[Iterable[str]], Mapping[str, Any]]
-"""Prices MaxDiffusion's VAE decode on each case's slice: case -> a ``parts.PricedPart``."""
+VaePredictor = Callable[[Iterable[str]], Mapping[str, Mapping[str, Any]]]
+"""Prices MaxDiffusion's VAE programs on each case's slice: case -> ``{"decode": ...}`` and,
+for image-to-video, ``"video_encode"``, each a ``parts.PricedPart``."""
 
 
 def maxdiffusion_decode(workload: Workload, topology: Topology) -> Any:
@@ -631,27 +632,44 @@ def maxdiffusion_decode(workload: Workload, topology: Topology) -> Any:
     return DecodePart(latent, vae=vae_for(latent), rows=1, cols=topology.num_devices, chunk=1)
 
 
-def decode_predictor(*, cache_dir: str | Path | None = None, timeout_s: float = 1800.0,
-                     progress: Callable[[str], None] | None = None) -> DecodePredictor:
-    """Compile and price :func:`maxdiffusion_decode` per case (``parts.price_part``), once per
-    distinct decode: Wan 2.1 14B and both A14B models decode the same latent, and a decode
+def maxdiffusion_vae_parts(workload: Workload, topology: Topology) -> dict[str, Any]:
+    """What MaxDiffusion's pipeline runs on its VAE: the decode, and for image-to-video the
+    encode of the condition video (``prepare_latents_i2v_base``: the image then zero frames,
+    all of the video's frames, through the same VAE module, so split as its decode: the width
+    over every device, the official first frame then 4 at a time, float32), as
+    ``parts.VideoEncodePart``."""
+    from aoizora_lab.parts import VideoEncodePart
+
+    decode = maxdiffusion_decode(workload, topology)
+    if not workload.config().condition_channels:
+        return {"decode": decode}
+    return {"decode": decode, "video_encode": VideoEncodePart(
+        decode.latent, rows=decode.rows, cols=decode.cols, chunk=1)}
+
+
+def vae_predictor(*, cache_dir: str | Path | None = None, timeout_s: float = 1800.0,
+                  progress: Callable[[str], None] | None = None) -> VaePredictor:
+    """Compile and price :func:`maxdiffusion_vae_parts` per case (``parts.price_part``), once
+    per distinct part: Wan 2.1 14B and both A14B models decode the same latent, and a part
     that timed out is not cached, so asking again would wait out the time-out again."""
     from aoizora_lab import parts
 
-    def run(cases: Iterable[str]) -> dict[str, Any]:
-        out, priced = {}, {}
+    def run(cases: Iterable[str]) -> dict[str, dict[str, Any]]:
+        out: dict[str, dict[str, Any]] = {}
+        priced: dict[tuple[Any, str], Any] = {}
         for case in dict.fromkeys(cases):
             if missing_generation(case) is not None:
                 continue
             parsed = parse_case(case)
             topology = parsed.topology()
-            part = maxdiffusion_decode(parsed.workload, topology)
-            if (part, topology.name) not in priced:
-                if progress:
-                    progress(f"published: MaxDiffusion's VAE decode for {case}")
-                priced[part, topology.name] = parts.price_part(
-                    part, topology, cache_dir=cache_dir, timeout_s=timeout_s)
-            out[case] = priced[part, topology.name]
+            out[case] = {}
+            for role, part in maxdiffusion_vae_parts(parsed.workload, topology).items():
+                if (part, topology.name) not in priced:
+                    if progress:
+                        progress(f"published: MaxDiffusion's VAE {role} for {case}")
+                    priced[part, topology.name] = parts.price_part(
+                        part, topology, cache_dir=cache_dir, timeout_s=timeout_s)
+                out[case][role] = priced[part, topology.name]
         return out
 
     return run
@@ -663,10 +681,11 @@ def generation_of(case: str) -> str:
 
 
 def run_row(pair: RunPair, run: Run, prediction: RunPrediction,
-            decode: Any = None) -> dict[str, Any]:
+            vae: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """One side of a pair: the rebuilt run, its predicted step (compute, exposed comm), the
     non-DiT time its prediction leaves and, absolutely, its predicted TPU time (a whole
-    generation adds ``decode``, MaxDiffusion's VAE decode priced as a part, where given)."""
+    generation adds ``vae``, MaxDiffusion's VAE programs priced as parts, where given: the
+    decode and, for image-to-video, the condition video's encode)."""
     row: dict[str, Any] = {"measurement": pair.key, "run": run.label, "case": run.case,
                            "recipe": run.recipe, "candidate": prediction.candidate,
                            "flags": prediction.flags, "placement": prediction.placement,
@@ -680,18 +699,22 @@ def run_row(pair: RunPair, run: Run, prediction: RunPrediction,
     # lowest the published time allows (more non-DiT time means a higher one).
     room = run.published_s / run.steps - prediction.fixed_s
     floor = prediction.attention_s / room if room > 0 else math.nan
-    decode_status = "" if decode is None else (
-        "ok" if decode.ok else f"{decode.status}: {decode.message[:120]}")
+    failed = [f"{role}: {p.status}: {p.message[:120]}" for role, p in (vae or {}).items()
+              if not p.ok]
+    vae_status = "" if vae is None else "; ".join(failed) or "ok"
     if pair.timed == DENOISE_LOOP:
-        decode_s, decode_status = 0.0, "not in a denoise loop"
+        decode_s, video_encode_s, vae_status = 0.0, 0.0, "not in a denoise loop"
     else:
-        decode_s = decode.seconds if decode is not None and decode.ok else math.nan
-    tpu = dit + decode_s
+        decode_s, video_encode_s = (
+            math.nan if vae is None else 0.0 if role not in vae  # no such part: nothing to add
+            else vae[role].seconds if vae[role].ok else math.nan
+            for role in ("decode", "video_encode"))
+    tpu = dit + decode_s + video_encode_s
     return row | {"status": "ok", "compute_s": p.compute_s, "comm_s": p.comm_s,
                   "exposed_comm_s": p.total_s - p.compute_s, "step_s": p.total_s,
                   "dit_s": dit, "implied_non_dit_s": run.published_s - dit,
                   "attention_efficiency_floor": floor, "decode_s": decode_s,
-                  "decode_status": decode_status, "tpu_s": tpu,
+                  "video_encode_s": video_encode_s, "vae_status": vae_status, "tpu_s": tpu,
                   "tpu_error_pct": error_percent(tpu, run.published_s),
                   "host_left_s": run.published_s - tpu}
 
@@ -1320,7 +1343,10 @@ class PublishedCheck:
             "part of the published time (steps x step) and the non-DiT time that leaves; "
             "absolutely, `tpu_s` = the steps plus, for a whole generation, MaxDiffusion's VAE "
             "decode at 7cfb880 (`decode_s`: the latent's width over every device, a latent "
-            "frame at a time, float32; `parts.DecodePart`, compiled and priced like a step), "
+            "frame at a time, float32; `parts.DecodePart`, compiled and priced like a step) "
+            "and, for image-to-video, its VAE encode of the 81-frame condition video "
+            "(`video_encode_s`: the image then zero frames, split as the decode, the first "
+            "frame then 4 at a time; `parts.VideoEncodePart`), "
             "`tpu_error_pct` against the published time and `host_left_s` what that leaves "
             "for the host (MaxDiffusion encodes the text on the host CPU in PyTorch, '~10 s "
             "per call' by its code's comments, twice with CFG; loading and copying the video "
@@ -1344,7 +1370,8 @@ COMPARISON_COLUMNS = ("measurement", "prediction", "compared", "attention", "tim
 RUN_COLUMNS = ("measurement", "run", "case", "recipe", "candidate", "flags", "placement",
                "status", "timed", "steps", "published_s", "compute_s", "comm_s",
                "exposed_comm_s", "step_s", "dit_s", "implied_non_dit_s",
-               "attention_efficiency_floor", "decode_s", "decode_status", "tpu_s",
+               "attention_efficiency_floor", "decode_s", "video_encode_s", "vae_status",
+               "tpu_s",
                "tpu_error_pct", "host_left_s")
 GATHER_COLUMNS = ("prediction", "measurement", "quantity", "published", "predicted",
                   "error_pct", "independent", "why", "note", "source")
@@ -1356,13 +1383,13 @@ def published_check(predictor: Predictor, *, gathers: Iterable[GatherMeasurement
                     config: dict[str, Any] | None = None,
                     ensemble: Ensemble | None = DEFAULT_ENSEMBLE,
                     range_sources: Sequence[RangeSource] = RANGE_SOURCES,
-                    decodes: DecodePredictor | None = None) -> PublishedCheck:
+                    vaes: VaePredictor | None = None) -> PublishedCheck:
     """Compare every published figure with its prediction: the all-gathers directly, the
     runs through ``predictor`` (e.g. :func:`compiling_predictor`) as differences and ratios
     of pairs, counted per independent prediction; with ``ensemble`` (the predictor's own),
     each also against its interval under it (:func:`calibration`; ``range_sources``: the
-    published figures its ranges were taken from); with ``decodes``
-    (:func:`decode_predictor`), every run also absolutely (:func:`absolute_targets`)."""
+    published figures its ranges were taken from); with ``vaes``
+    (:func:`vae_predictor`), every run also absolutely (:func:`absolute_targets`)."""
     pairs, gathers = list(pairs), list(gathers)
     wanted = [run.key for p in pairs if not p.not_modelled and p.a.key != p.b.key
               for run in (p.a, p.b)]
@@ -1371,10 +1398,10 @@ def published_check(predictor: Predictor, *, gathers: Iterable[GatherMeasurement
     independent = pd.DataFrame(prediction_rows(pairs, rows, predictions),
                                columns=list(PREDICTION_COLUMNS))
     modelled = [pair for pair in pairs if not pair.not_modelled and pair.a.key != pair.b.key]
-    decoded = {} if decodes is None else decodes(
+    vae_parts = {} if vaes is None else vaes(
         [run.case for pair in modelled if pair.timed == WHOLE_GENERATION
          for run in (pair.a, pair.b)])
-    run_rows = [run_row(pair, run, predictions[run.key], decoded.get(run.case))
+    run_rows = [run_row(pair, run, predictions[run.key], vae_parts.get(run.case))
                 for pair in modelled for run in (pair.a, pair.b)]
     comparisons = pd.DataFrame(rows, columns=list(COMPARISON_COLUMNS))
     lone = gather_rows(gathers, topology_of)
@@ -1384,7 +1411,7 @@ def published_check(predictor: Predictor, *, gathers: Iterable[GatherMeasurement
         pairs, rows, predictions, gathers, lone, ensemble=ensemble, topology_of=topology_of,
         sources=range_sources)
     targets = published_targets(independent, comparisons, gather_table)
-    if decodes is not None:
+    if vaes is not None:
         targets = pd.concat([targets, absolute_targets(runs)], ignore_index=True)
     return PublishedCheck(comparisons, gather_table, independent, runs, targets,
                           config or {}, calibration=calibrated)
@@ -1400,7 +1427,8 @@ def absolute_targets(runs: pd.DataFrame) -> pd.DataFrame:
     loop_inside = int((loops["tpu_error_pct"].abs() <= ABSOLUTE_PERCENT).sum())
     return pd.DataFrame([
         {"target": f"absolute: predicted TPU time within ±{ABSOLUTE_PERCENT:g} % of every "
-                   "published run (whole generations: steps + MaxDiffusion's VAE decode, the "
+                   "published run (whole generations: steps + MaxDiffusion's VAE decode "
+                   "(and encode, image-to-video), the "
                    "host's text encoder not modelled; denoise loops: steps)",
          "value": f"{inside} of {len(done)} runs ({loop_inside} of {len(loops)} denoise loops)",
          "met": met(inside == len(done)) if len(done) else "n/a"}])
@@ -1449,8 +1477,8 @@ def main() -> None:
     parser.add_argument("--compute-model", choices=COMPUTE_MODELS, default=DEFAULT_COMPUTE_MODEL,
                         help="how ops are priced (aoizora_lab.cost; the report section is "
                              "written for the default only)")
-    parser.add_argument("--decode-timeout", type=float, default=1800.0, metavar="S",
-                        help="seconds a VAE decode may compile before it is recorded as timed "
+    parser.add_argument("--vae-timeout", type=float, default=1800.0, metavar="S",
+                        help="seconds a VAE program may compile before it is recorded as timed "
                              "out (default 1800)")
     parser.add_argument("--out", default="reports/benchmarks.md",
                         help="report whose published-measurements section is rewritten")
@@ -1464,8 +1492,8 @@ def main() -> None:
                                 workers=args.workers, progress=print, compute_model=model,
                                 ensemble=ensemble),
             config={"num_layers": args.num_layers, "compute model": model}, ensemble=ensemble,
-            decodes=(decode_predictor(cache_dir=args.cache_dir, timeout_s=args.decode_timeout,
-                                      progress=print)
+            vaes=(vae_predictor(cache_dir=args.cache_dir, timeout_s=args.vae_timeout,
+                                progress=print)
                      if model == args.compute_model else None))
 
     checks = {model: check(model)

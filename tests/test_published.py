@@ -530,10 +530,10 @@ def test_the_absolute_check_adds_maxdiffusions_decode_to_whole_generations_only(
     decode_s = 4.0
     asked = []
 
-    def decodes(cases):
+    def vaes(cases):
         cases = list(cases)
         asked.extend(cases)
-        return {c: priced_part(_maxdiffusion_decode(c), decode_s) for c in cases}
+        return {c: {"decode": priced_part(_maxdiffusion_decode(c), decode_s)} for c in cases}
 
     loop = published.RunPair("loop", "src", "", _run("ulysses", ULYSSES, 100.0),
                              _run("flash", FLASH, 125.0), timed=published.DENOISE_LOOP)
@@ -542,7 +542,7 @@ def test_the_absolute_check_adds_maxdiffusions_decode_to_whole_generations_only(
     step_of = {FLASH: 3.0, ULYSSES: 2.5}
     result = published.published_check(_fake_predictor(step_of), gathers=[],
                                         pairs=[loop, whole], topology_of=simulated,
-                                        decodes=decodes)
+                                        vaes=vaes)
     assert set(asked) == {CASE}  # the whole generations' slices only
     runs = result.runs.set_index(["measurement", "run"])
     # A whole generation: steps + the decode; its host time is what is left.
@@ -550,7 +550,7 @@ def test_the_absolute_check_adds_maxdiffusions_decode_to_whole_generations_only(
     assert row["tpu_s"] == pytest.approx(40 * 3.0 + decode_s)
     assert row["host_left_s"] == pytest.approx(300.0 - row["tpu_s"])
     assert row["tpu_error_pct"] == pytest.approx((row["tpu_s"] / 300.0 - 1) * 100)
-    assert row["decode_status"] == "ok"
+    assert row["vae_status"] == "ok" and row["video_encode_s"] == 0  # text-to-video
     # A denoise loop is the steps alone.
     assert runs.loc[("loop", "ulysses"), "tpu_s"] == pytest.approx(40 * 2.5)
     target = result.targets.iloc[-1]
@@ -568,8 +568,34 @@ def test_a_decode_that_did_not_compile_leaves_the_run_unchecked_and_says_why():
                              _run("ulysses", ULYSSES, 280.0))
     prediction = _fake_predictor({FLASH: 3.0})([pair.a.key])[pair.a.key]
     failed = priced_part(_maxdiffusion_decode(CASE), math.nan)
-    row = published.run_row(pair, pair.a, prediction, failed)
-    assert math.isnan(row["tpu_s"]) and row["decode_status"].startswith("oom: RESOURCE")
+    row = published.run_row(pair, pair.a, prediction, {"decode": failed})
+    assert math.isnan(row["tpu_s"]) and row["vae_status"].startswith("decode: oom: RESOURCE")
+
+
+def test_image_to_video_adds_maxdiffusions_encode_of_the_condition_video():
+    from tiny import priced_part
+
+    from aoizora_lab.parts import VideoEncodePart
+
+    case = "wan2.2-i2v-a14b@1280x720x81/v6e:2x4"
+    parsed = parse_case(case)
+    vae = published.maxdiffusion_vae_parts(parsed.workload, parsed.topology())
+    encode = vae["video_encode"]
+    assert type(encode) is VideoEncodePart and encode.latent == vae["decode"].latent
+    assert (encode.rows, encode.cols, encode.chunk) == (1, 8, 1)  # as MaxDiffusion's decode
+    t2v = parse_case("wan2.2-t2v-a14b@1280x720x81/v6e:2x4")
+    assert set(published.maxdiffusion_vae_parts(t2v.workload, t2v.topology())) == {"decode"}
+    pair = published.RunPair("whole", "src", "", _run("flash", FLASH, 300.0),
+                             _run("ulysses", ULYSSES, 280.0))
+    prediction = _fake_predictor({FLASH: 3.0})([pair.a.key])[pair.a.key]
+    priced = {"decode": priced_part(vae["decode"], 4.0),
+              "video_encode": priced_part(encode, 1.5)}
+    row = published.run_row(pair, pair.a, prediction, priced)
+    assert row["tpu_s"] == pytest.approx(40 * 3.0 + 4.0 + 1.5)
+    assert (row["decode_s"], row["video_encode_s"], row["vae_status"]) == (4.0, 1.5, "ok")
+    priced["video_encode"] = priced_part(encode, math.nan)
+    row = published.run_row(pair, pair.a, prediction, priced)
+    assert math.isnan(row["tpu_s"]) and row["vae_status"].startswith("video_encode: oom")
 
 
 def _maxdiffusion_decode(case):
@@ -585,7 +611,7 @@ def test_maxdiffusions_decode_is_the_width_over_every_device_frame_by_frame():
     assert ti2v.vae == "wan2.2" and ti2v.latent == (1, 48, 31, 44, 80)
 
 
-def test_a_decode_shared_by_several_runs_is_priced_once(monkeypatch):
+def test_a_vae_part_shared_by_several_runs_is_priced_once(monkeypatch):
     from tiny import priced_part
 
     from aoizora_lab import parts
@@ -595,9 +621,11 @@ def test_a_decode_shared_by_several_runs_is_priced_once(monkeypatch):
                         lambda part, topology, **_: asked.append(part) or priced_part(part, 1.0))
     cases = [f"{model}@1280x720x81/v6e:2x4" for model in
              ("wan2.1-t2v-14b", "wan2.2-t2v-a14b", "wan2.2-i2v-a14b")]
-    decodes = published.decode_predictor()([*cases, "wan2.1-t2v-14b@832x480x81/v6e:2x4"])
-    assert set(decodes) == {*cases, "wan2.1-t2v-14b@832x480x81/v6e:2x4"}
-    assert len(asked) == 2 and decodes[cases[0]] is decodes[cases[2]]  # one latent, one decode
+    vaes = published.vae_predictor()([*cases, "wan2.1-t2v-14b@832x480x81/v6e:2x4"])
+    assert set(vaes) == {*cases, "wan2.1-t2v-14b@832x480x81/v6e:2x4"}
+    # One latent, one decode; the I2V case adds its encode.
+    assert len(asked) == 3 and vaes[cases[0]]["decode"] is vaes[cases[2]]["decode"]
+    assert set(vaes[cases[2]]) == {"decode", "video_encode"}
 
 
 def test_runs_of_one_program_are_one_prediction():
