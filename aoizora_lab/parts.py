@@ -39,13 +39,15 @@ Worked example: Wan 2.1 at 720p decodes a latent ``[1, 16, 21, 90, 160]``. On ``
 {1, 2} x {1, 2, 4, 8}; :func:`vae_splits` keeps those that use the most devices (2 x 4 and
 1 x 8), the squarest first (2 x 4: each device decodes a 45 x 40 latent tile, 360 x 320 pixels
 at the last level, and exchanges a tile's edges, 2 x (360 + 320) pixels a row or column per
-convolution), each all frames at once and 5 latent frames at a time. Each is compiled, and
-priced in plain order and in the orders ``jax.make_mesh`` and
+convolution), each all frames at once and 5 latent frames at a time. Each is compiled (the
+first alone, the rest side by side as the memory allows, :func:`plan_part`), and priced in plain
+order and in the orders ``jax.make_mesh`` and
 ``mesh_utils.create_device_mesh`` give its ``(copies, rows, cols)`` mesh.
 """
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import dataclasses
 import math
 from collections.abc import Sequence
@@ -67,6 +69,7 @@ from aoizora_lab.placement import Placement, library_orders
 from aoizora_lab.records import Records
 from aoizora_lab.topology import Topology
 from aoizora_lab.versions import code_versions, digest, memoized
+from aoizora_lab.workers import available_memory, fitting_workers, usable_cpus
 
 VAES = {"wan2.1": 16, "wan2.2": 48}
 """The VAE decoders a :class:`DecodePart` can run, with their latent channels: Wan 2.1's (also
@@ -439,6 +442,8 @@ class PricedPart:
     """Latency on ``placement`` (``cost.predict``), ``None`` where it did not compile."""
     placement: Placement | None
     """The fastest of the library orders (:func:`~aoizora_lab.placement.library_orders`)."""
+    host_peak_bytes: float = math.nan
+    """The compiling child's peak host memory (NaN: not measured): how many compile at once."""
     program: CommProgram | None = field(default=None, repr=False, compare=False)
     """The compiled program (for pricing it again, e.g. under an ensemble)."""
 
@@ -509,10 +514,25 @@ def price_part(part: Part, topology: Topology, *, cache_dir: str | Path | None =
     return PricedPart(part=part, status=CompileStatus(raw["status"]),
                       message=raw.get("message", ""),
                       compile_seconds=float(raw.get("compile_seconds", 0.0)),
-                      hbm_bytes=float(hbm or math.nan), predicted=predicted, placement=placement,
-                      program=program)
+                      hbm_bytes=float(hbm or math.nan),
+                      host_peak_bytes=float(raw.get("host_peak_bytes", math.nan)),
+                      predicted=predicted, placement=placement, program=program)
 
 
-def plan_part(parts: Sequence[Part], topology: Topology, **kwargs: Any) -> PricedParts:
-    """Every split in ``parts`` priced (:func:`price_part`); ``.best`` is the plan."""
-    return PricedParts(price_part(p, topology, **kwargs) for p in parts)
+def plan_part(parts: Sequence[Part], topology: Topology, *, workers: int | None = None,
+              **kwargs: Any) -> PricedParts:
+    """Every split in ``parts`` priced (:func:`price_part`), in order; ``.best`` is the plan.
+
+    The first compiles alone; the others then side by side, ``workers`` at a time (default: one
+    per CPU, as many as fit the free memory at the first's measured host peak,
+    :func:`~aoizora_lab.workers.fitting_workers`), each in its own child process.
+    """
+    parts = list(parts)
+    if not parts:
+        return PricedParts()
+    first = price_part(parts[0], topology, **kwargs)
+    width = workers or max(1, fitting_workers(first.host_peak_bytes, available_memory(),
+                                              usable_cpus()))
+    with cf.ThreadPoolExecutor(width) as pool:  # each thread waits on its compile's child
+        rest = list(pool.map(lambda part: price_part(part, topology, **kwargs), parts[1:]))
+    return PricedParts([first, *rest])

@@ -221,3 +221,33 @@ def test_the_vae_is_the_one_for_the_latents_channels():
     assert {vae_for((1, channels, 3, 4, 4)): channels for channels in VAES.values()} == VAES
     with pytest.raises(AoizoraError, match=r"latent of 32 channels.*\(1, 32, 3, 4, 4\)"):
         vae_for((1, 32, 3, 4, 4))
+
+
+@pytest.mark.parametrize("workers", [1, 3])
+def test_plan_part_prices_every_split_in_order_the_first_alone(monkeypatch, workers):
+    import threading
+    import time
+
+    from tiny import priced_part
+
+    from aoizora_lab import parts
+
+    running, most, order = [0], [], []
+    lock = threading.Lock()
+
+    def fake(part, topology, **kwargs):
+        with lock:
+            running[0] += 1
+            most.append(running[0])
+            order.append(part.cols)
+        time.sleep(0.1)
+        with lock:
+            running[0] -= 1
+        return priced_part(part, float(part.cols))
+
+    monkeypatch.setattr(parts, "price_part", fake)
+    splits = [DecodePart((1, 16, 3, 16, 24), cols=c) for c in (4, 1, 2, 3)]
+    priced = parts.plan_part(splits, None, workers=workers)
+    assert [p.part for p in priced] == splits and priced.best.part.cols == 1
+    assert order[0] == 4 and most[0] == 1  # the first alone: its host peak sizes the rest
+    assert max(most) == workers
