@@ -210,6 +210,12 @@ def _plan_command(args: argparse.Namespace) -> int:
             print(f"\nThe whole video ({steps} steps; text encoder and VAE decoder planned on "
                   f"the same slice, each on its own mesh): {video.total_s:.4g} s")
             print(video.to_frame().to_string(float_format=lambda v: f"{v:.4g}"))
+            if video.expert_bytes_per_device:
+                print(f"Both experts stay resident ({video.expert_bytes_per_device / 2**30:.3g} "
+                      "GiB per device each); swapping them through the host instead would "
+                      f"add {video.expert_swap_s:.3g} s per video over PCIe and free that "
+                      "much HBM per device (not planned: the step is the plan made with both "
+                      "resident).")
         if args.compare:
             print("\nYour setup, and what to change (speedup = yours / that row):")
             print(result.advice().to_string(float_format=lambda v: f"{v:.4g}"))

@@ -21,7 +21,14 @@ What a person waits for is a generation, not a step::
   (:class:`~aoizora_lab.parts.VideoEncodePart`). Not modelled: Wan 2.1 I2V's CLIP image
   encoder (one 224 x 224 image) and TI2V-5B's encode of its one image frame.
 
-The three run one after the other on the same slice, each on its own mesh: a mesh is a Python
+Both A14B experts stay resident, as MaxDiffusion keeps them; the alternative, swapping them
+through the host as the official code does with ``offload_model``, is priced beside
+(:attr:`Generation.expert_swap_s`: each chip moves its shard of the low-noise expert in at the
+boundary and of the high-noise one back for the next video, over its PCIe link at
+:data:`HOST_TO_HBM_BYTES_PER_S`) with the HBM it would free, not planned: the step keeps the
+plan made with both resident.
+
+The parts run one after the other on the same slice, each on its own mesh: a mesh is a Python
 object, so changing it between parts costs only moving what one part hands the next (the text
 states, 2 x 512 x 4096 values; the latent, 16 x 21 x 90 x 160 at 720p: a few MB each, against
 seconds of work), which is not priced. Whatever runs on the host (tokenising, the scheduler's
@@ -56,6 +63,12 @@ from aoizora_lab.parts import (
 )
 from aoizora_lab.realize import Plan
 from aoizora_lab.workload import DEFAULT_TEXT_LEN, Workload
+
+HOST_TO_HBM_BYTES_PER_S = 1.5e10
+"""Host DRAM to one chip's HBM over its PCIe link, bytes/s: the scaling book's figure for TPU
+v6e ("How to Think About TPUs", https://jax-ml.github.io/scaling-book/tpus/, its problem on
+PCIe operational intensity), taken for every chip (it gives no other); the chips of a host
+each have their own link, so a sharded swap moves every shard side by side."""
 
 
 def official_sampling(workload: Workload) -> Sampling:
@@ -101,6 +114,21 @@ class Generation:
         if not len(self.video_encode):
             return 0.0
         return self.video_encode.best.seconds if self.video_encode.best else math.nan
+
+    @property
+    def expert_bytes_per_device(self) -> float:
+        """Stored weight bytes of one expert on one device under the step's plan (bfloat16, as
+        the step runs); 0 for a single model, which has nothing to swap."""
+        if self.workload.experts == 1:
+            return 0.0
+        return self.step.candidate.weight_bytes_per_device(self.workload.config())
+
+    @property
+    def expert_swap_s(self) -> float:
+        """What swapping the experts through the host would add to a video instead of keeping
+        both resident: two moves of each device's expert shard over PCIe (module docstring;
+        the other expert's resident bytes are what it would free, per device)."""
+        return 2 * self.expert_bytes_per_device / HOST_TO_HBM_BYTES_PER_S
 
     @property
     def steps_s(self) -> float:

@@ -3,6 +3,7 @@ the splits asked for follow the workload, and the CLI prints the breakdown."""
 
 import math
 
+import jax
 import pytest
 from tiny import fake_plan_part, priced_part
 
@@ -12,7 +13,7 @@ from aoizora_lab.cases import parse_case
 from aoizora_lab.cost import Predicted
 from aoizora_lab.errors import AoizoraError
 from aoizora_lab.generation import Generation, plan_generation
-from aoizora_lab.models.wan import SAMPLING, sampling_timesteps
+from aoizora_lab.models.wan import SAMPLING, param_leaves, sampling_timesteps
 from aoizora_lab.parts import DecodePart, EncodePart, PricedParts, VideoEncodePart
 from aoizora_lab.placement import plain_order
 from aoizora_lab.realize import Plan
@@ -75,6 +76,23 @@ def test_a14b_runs_each_expert_for_its_share_of_the_steps(monkeypatch, steps):
     assert frame.loc["DiT steps (low-noise expert)", "calls"] == low
     assert video.steps_s == pytest.approx(video.steps * 2.0)
     assert frame["seconds"].sum() == pytest.approx(video.total_s)
+
+
+def test_swapping_the_experts_moves_each_devices_shard_twice_over_pcie(monkeypatch):
+    fake, _ = fake_plan_part([1.0] * 8)
+    monkeypatch.setattr(generation, "plan_part", fake)
+    a14b = plan_generation(_step(2.0, Workload.parse("wan2.2-t2v-a14b@1280x720x81")))
+    expert = a14b.workload.config()
+    shard = a14b.step.candidate.weight_bytes_per_device(expert)
+    # An FSDP plan holds a shard of the expert's bfloat16 weights per device, not all of them.
+    total = sum(math.prod(leaf[0]) * 2 for leaf in jax.tree.leaves(
+        param_leaves(expert), is_leaf=lambda n: isinstance(n, tuple) and len(n) == 3
+        and isinstance(n[0], tuple)))
+    assert a14b.expert_bytes_per_device == shard and total / 8 <= shard < total
+    assert a14b.expert_swap_s == pytest.approx(2 * shard / generation.HOST_TO_HBM_BYTES_PER_S)
+    assert a14b.total_s == pytest.approx(a14b.encode_s + a14b.steps_s + a14b.decode_s)
+    single = plan_generation(_step(2.0))  # one model: nothing to swap
+    assert single.expert_bytes_per_device == 0 and single.expert_swap_s == 0
 
 
 def test_the_decoder_is_the_models_vae(monkeypatch):
