@@ -149,6 +149,28 @@ def test_wan22_official_weights_in_official_outputs_out(name):
         assert float(tensors["input.t"][1].min()) > 0.0
 
 
+def test_wan21_i2v_official_weights_in_official_outputs_out():
+    """Wan 2.1 I2V: 36 channels in, and CLIP's 257 image tokens through ``img_emb`` into the
+    image cross-attention (the fixture stores two rank-r factors for the 1280-wide weight and
+    tokens; multiplied back here)."""
+    path = FIXTURES / "wan21_tiny_i2v.safetensors"
+    meta = json.loads(path.with_suffix(".json").read_text())
+    tensors = dict(load_safetensors(path))
+    for name in meta["factored"]:
+        tensors[name] = tensors[f"{name}.a"] @ tensors[f"{name}.b"]
+    cfg = WanConfig(**meta["config"])
+    assert cfg.uses_clip and cfg.condition_channels == 20
+    params = load_official_weights(tensors, cfg)
+    run = jax.jit(lambda p, x, t, c, clip, y: forward(p, cfg, x, t, c, clip_fea=clip, y=y))
+    for i in range(2):
+        clip = tensors[f"input.clip_fea.{i}.a"] @ tensors[f"input.clip_fea.{i}.b"]
+        out = run(params, tensors[f"input.x.{i}"][None], jnp.asarray(tensors["input.t"][i:i + 1]),
+                  tensors[f"input.context.{i}"][None], clip, tensors[f"input.y.{i}"][None])
+        expected = tensors[f"output.{i}"][None]
+        rel = np.linalg.norm(np.asarray(out) - expected) / np.linalg.norm(expected)
+        assert out.shape == expected.shape and rel < 1e-5
+
+
 def test_per_token_timesteps_move_only_where_they_differ():
     cfg = WanConfig(model_type="ti2v", in_dim=48, out_dim=48, dim=64, ffn_dim=96, num_heads=4,
                     num_layers=2, text_dim=32, text_len=8, freq_dim=32)

@@ -1,4 +1,5 @@
-"""Generate the Wan 2.2 DiT golden fixtures (tests/data/wan22_tiny_*.{json,safetensors}) with torch.
+"""Generate the Wan 2.2 DiT golden fixtures (tests/data/wan22_tiny_*.{json,safetensors}) with torch,
+and with ``--wan21 path/to/Wan2.1`` (commit 9737cba) Wan 2.1's I2V one (``wan21_tiny_i2v``).
 
 One-off: needs torch, safetensors and numpy in a throwaway environment (never the project's),
 e.g. ``python3 -m venv /tmp/torchenv && /tmp/torchenv/bin/pip install torch safetensors numpy``,
@@ -18,7 +19,10 @@ package ``__init__`` files (which import the pipelines) skipped. Three tiny rand
   tokens at t = 0, the rest and the padding at t), sample 1 text-only (every token at t);
 - ``i2v``: I2V-A14B's layout (36 channels in: 16 noisy + 4 mask + 16 image latents; no CLIP
   image tokens, unlike Wan 2.1's i2v), one timestep per sample;
-- ``t2v``: an A14B expert's layout, one timestep per sample.
+- ``t2v``: an A14B expert's layout, one timestep per sample;
+- ``wan21_tiny_i2v`` (from the Wan 2.1 code): Wan 2.1 I2V-14B's layout, 36 channels in and the
+  257 CLIP ViT-H/14 image tokens (``clip_fea``, 1280 wide, random here) through ``img_emb``
+  into the image cross-attention, one timestep per sample.
 
 It also writes ``wan22_schedules.json``: the official ``FlowUniPCMultistepScheduler``
 (``wan/utils/fm_solvers_unipc.py``, imported unmodified with ``diffusers``' config mixins
@@ -41,6 +45,18 @@ from safetensors.torch import save_file
 WAN22_REPO = "Wan-Video/Wan2.2"
 WAN22_COMMIT = "42bf4cfaa384bc21833865abc2f9e6c0e67233dc"
 WAN22_PATH = "wan/modules/model.py"
+WAN21_REPO = "Wan-Video/Wan2.1"
+WAN21_COMMIT = "9737cba9c1c3c4d04b33fcad41c111989865d315"
+# text_len 512: the official WanI2VCrossAttention splits image from text tokens at
+# context length - T5_CONTEXT_TOKEN_NUMBER (512), not at 257, so only the released text_len works.
+WAN21_I2V = dict(config=dict(model_type="i2v", in_dim=36, out_dim=16, text_len=512),
+                 latent=(16, 3, 4, 6),
+                 y_channels=20, timesteps=(900.0, 120.0), per_token=False, clip=(257, 1280),
+                 factored={"img_emb.proj.1.weight": 8})
+"""``factored``: weights stored as a rank-r product ``a @ b`` (``<name>.a`` [O, r], ``<name>.b``
+[r, I]) instead of whole: ``img_emb``'s 1280 x 1280 linear (its width is CLIP's, fixed by the
+official code) would be 6.5 MB of random numbers; a product of two random factors is as
+asymmetric (a transposed weight still fails) and the test multiplies it back."""
 OUT = Path(__file__).resolve().parent.parent / "tests" / "data"
 
 TINY = dict(patch_size=(1, 2, 2), text_len=16, dim=64, ffn_dim=128, freq_dim=256, text_dim=32,
@@ -141,16 +157,28 @@ def load_official(root: Path) -> types.ModuleType:
     return module
 
 
-def make(official: types.ModuleType, name: str, case: dict, source_sha: str) -> None:
+def make(official: types.ModuleType, name: str, case: dict, source_sha: str,
+         repo: str = WAN22_REPO, commit: str = WAN22_COMMIT, prefix: str = "wan22") -> None:
     config = {**TINY, **case["config"]}
     torch.manual_seed(PARAM_SEED)
     model = official.WanModel(**config).eval()
     for _, p in model.named_parameters():
         p.data.normal_(0, PARAM_STD)
+    factors = {}
+    for key, rank in case.get("factored", {}).items():
+        weight = model.get_parameter(key)
+        a = torch.randn(weight.shape[0], rank) * PARAM_STD
+        b = torch.randn(rank, weight.shape[1]) / rank ** 0.5
+        weight.data.copy_(a @ b)  # float32 on CPU: the test's numpy product agrees to ~1e-7
+        factors |= {f"{key}.a": a, f"{key}.b": b}
     torch.manual_seed(INPUT_SEED)
     xs = [torch.randn(case["latent"]) for _ in range(2)]
     contexts = [torch.randn(config["text_len"] - 3 * i, config["text_dim"]) for i in range(2)]
     ys = [torch.randn(case["y_channels"], *case["latent"][1:]) for _ in range(2)]
+    # CLIP tokens as rank-16 products too (stored as factors, as the factored weights).
+    clip_factors = ([(torch.randn(1, case["clip"][0], 16), torch.randn(16, case["clip"][1]) / 4)
+                     for _ in range(2)] if "clip" in case else None)
+    clips = [a @ b for a, b in clip_factors] if clip_factors else None
     f, h, w = case["latent"][1:]
     pf, ph, pw = config["patch_size"]
     tokens = (f // pf) * (h // ph) * (w // pw)
@@ -171,30 +199,38 @@ def make(official: types.ModuleType, name: str, case: dict, source_sha: str) -> 
         t_in = t
     with torch.no_grad():  # one video a call, as the official pipelines run (t [1] or [1, L])
         out = [model([xs[i]], t=t_in[i:i + 1], context=[contexts[i]], seq_len=seq_len,
-                     y=[ys[i]] if case["y_channels"] else None)[0] for i in range(2)]
+                     y=[ys[i]] if case["y_channels"] else None,
+                     **({"clip_fea": clips[i]} if clips else {}))[0] for i in range(2)]
     tensors = {f"input.x.{i}": x for i, x in enumerate(xs)}
     tensors |= {f"input.context.{i}": c for i, c in enumerate(contexts)}
     if case["y_channels"]:
         tensors |= {f"input.y.{i}": y for i, y in enumerate(ys)}
+    for i, (a, b) in enumerate(clip_factors or ()):
+        tensors |= {f"input.clip_fea.{i}.a": a, f"input.clip_fea.{i}.b": b}
     tensors["input.t"] = t_in[:, :tokens] if case["per_token"] else t_in
     tensors |= {f"output.{i}": o for i, o in enumerate(out)}
-    tensors |= {k: v for k, v in model.state_dict().items()}
-    path = OUT / f"wan22_tiny_{name}.safetensors"
+    tensors |= {k: v for k, v in model.state_dict().items() if k not in case.get("factored", {})}
+    tensors |= factors
+    path = OUT / f"{prefix}_tiny_{name}.safetensors"
     save_file({k: v.contiguous() for k, v in tensors.items()}, str(path))
     meta = {
-        "description": f"Golden reference from the official Wan2.2 PyTorch WanModel "
-                       f"(github.com/{WAN22_REPO}, {WAN22_PATH}) for a tiny random {name} DiT.",
-        "wan22_repo": WAN22_REPO, "wan22_commit": WAN22_COMMIT, "wan22_path": WAN22_PATH,
+        "description": f"Golden reference from the official PyTorch WanModel "
+                       f"(github.com/{repo}, {WAN22_PATH}) for a tiny random {name} DiT.",
+        f"{prefix}_repo": repo, f"{prefix}_commit": commit, f"{prefix}_path": WAN22_PATH,
         "source_sha256": source_sha, "generator": "tools/make_wan22_fixture.py",
         "torch_version": torch.__version__, "config": config, "param_seed": PARAM_SEED,
         "input_seed": INPUT_SEED, "param_init_std": PARAM_STD, "seq_len": seq_len,
         "tokens": tokens, "per_token_timesteps": case["per_token"],
         "timesteps": list(case["timesteps"]),
         "init": "torch.manual_seed(param_seed); m = WanModel(**config); then every parameter "
-                "in named_parameters order <- normal(0, param_init_std).",
+                "in named_parameters order <- normal(0, param_init_std); then each factored "
+                "weight <- a @ b, a = randn(O, r) * param_init_std, b = randn(r, I) / sqrt(r).",
+        "factored": {key: {"rank": r, "stored": [f"{key}.a", f"{key}.b"]}
+                     for key, r in case.get("factored", {}).items()},
         "inputs": "torch.manual_seed(input_seed); x_i = randn(latent) for both samples, then "
                   "context_i = randn(text_len - 3 i, text_dim), then y_i = randn(y channels, "
-                  "F, H, W) (empty unless i2v).",
+                  "F, H, W) (empty unless i2v), then (Wan 2.1 i2v) clip_fea_i = a @ b, stored as "
+                  "input.clip_fea.i.a = randn(1, 257, 16) and .b = randn(16, 1280) / 4.",
         "t": "input.t: [B] one timestep per sample, or [B, tokens] per token (the padding "
              "tokens, which the official code also gives t, left out: they do not reach the "
              "output).",
@@ -211,6 +247,11 @@ def make(official: types.ModuleType, name: str, case: dict, source_sha: str) -> 
 
 
 def main() -> None:
+    if sys.argv[1] == "--wan21":  # Wan 2.1's I2V (CLIP tokens): its own model.py
+        root = Path(sys.argv[2]).resolve()
+        sha = hashlib.sha256((root / WAN22_PATH).read_bytes()).hexdigest()
+        make(load_official(root), "i2v", WAN21_I2V, sha, WAN21_REPO, WAN21_COMMIT, "wan21")
+        return
     root = Path(sys.argv[1]).resolve()
     source = (root / WAN22_PATH).read_bytes()
     official = load_official(root)
