@@ -289,7 +289,7 @@ def vae_of(part: VaePart) -> tuple[Any, Any]:
             else (vae22, vae22.VAE22Config.wan22()))
 
 
-def sharded_decode(part: VaePart, mesh: Any, config: Any = None) -> Any:
+def sharded_vae(part: VaePart, mesh: Any, config: Any = None) -> Any:
     """``decode(params, z)`` (``encode(params, video)`` for a :class:`VideoEncodePart`) jitted
     with ``part``'s split on ``mesh``: weights and the input copied, every layer's activations
     and the output split in tiles (rows x cols; a constraint, so a split that does not divide
@@ -325,7 +325,7 @@ def _lower_vae(part: VaePart, mesh: Any) -> Any:
     else:
         params = module.abstract_decoder_params(config, dtype)
         x = jax.ShapeDtypeStruct(part.latent, dtype)
-    return sharded_decode(part, mesh).lower(params, x)
+    return sharded_vae(part, mesh).lower(params, x)
 
 
 def _t5_spec(name: str) -> tuple[Any, ...]:

@@ -23,8 +23,8 @@ from aoizora_lab.parts import (
     part_mesh,
     part_spec,
     price_part,
-    sharded_decode,
     sharded_encode,
+    sharded_vae,
     vae_splits,
 )
 from aoizora_lab.topology import Topology
@@ -44,7 +44,7 @@ def test_a_split_decode_gives_the_official_video_with_halo_exchanges(rows, cols,
     config, params, tensors = _fixture("wan21_vae_tiny", vae.VAEConfig, vae.load_decoder_params)
     z = jnp.asarray(tensors["input.z"])
     part = DecodePart(tuple(z.shape), rows=rows, cols=cols, chunk=chunk)
-    run = sharded_decode(part, part_mesh(part, jax.devices()[:8]), config)
+    run = sharded_vae(part, part_mesh(part, jax.devices()[:8]), config)
     video = run(params, z)
     np.testing.assert_allclose(np.asarray(video), tensors["output.video"], atol=5e-5)
     # Split for real: the video comes back in tiles, and the program exchanges halos.
@@ -66,7 +66,7 @@ def test_a_split_decode_equals_the_unsplit_one(name, module, config, latent, row
     z = jax.random.normal(jax.random.key(1), latent)
     part = DecodePart(latent, vae=name, rows=rows, cols=cols, chunk=chunk)
     devices = jax.devices()[: part.devices * (8 // part.devices)]
-    video = sharded_decode(part, part_mesh(part, devices), config)(params, z)
+    video = sharded_vae(part, part_mesh(part, devices), config)(params, z)
     whole = jax.jit(lambda p, z: module.decode(p, z, config, chunk=chunk))(params, z)
     np.testing.assert_allclose(np.asarray(video), np.asarray(whole), atol=5e-5)
 
@@ -82,7 +82,7 @@ def test_a_split_video_encode_equals_the_unsplit_one_with_halo_exchanges(rows, c
                                minval=-1.0, maxval=1.0)
     part = VideoEncodePart(latent, rows=rows, cols=cols, chunk=chunk)
     devices = jax.devices()[: part.devices * (8 // part.devices)]
-    run = sharded_decode(part, part_mesh(part, devices), config)
+    run = sharded_vae(part, part_mesh(part, devices), config)
     mu = run(params, video)
     whole = jax.jit(lambda p, v: vae.encode(p, v, config, chunk=chunk))(params, video)
     assert mu.shape == latent
