@@ -73,8 +73,8 @@ from aoizora_lab.versions import code_versions, digest, memoized
 from aoizora_lab.workers import available_memory, fitting_workers, usable_cpus
 
 VAES = {"wan2.1": 16, "wan2.2": 48}
-"""The VAE decoders a :class:`DecodePart` can run, with their latent channels: Wan 2.1's (also
-Wan 2.2 A14B's) and Wan 2.2 TI2V-5B's."""
+"""The VAEs a :class:`VaePart` can run, with their latent channels: Wan 2.1's (also Wan 2.2
+A14B's; the only one whose encoder is modelled) and Wan 2.2 TI2V-5B's."""
 DTYPES = ("float32", "bfloat16")
 MIN_TILE = 2
 """Fewest latent rows (columns) a split device decodes: with one-row tiles and copies, XLA's
