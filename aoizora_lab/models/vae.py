@@ -253,13 +253,23 @@ _LAYER_SHAPES = {"residual": residual_shapes, "attention": attention_shapes,
                  "downsample2d": upsample_shapes, "downsample3d": upsample_shapes}
 
 
+def time_factor(config: VAEConfig) -> int:
+    """Video frames per latent frame after the first (4 in Wan 2.1)."""
+    return 2 ** sum(config.temperal_downsample)
+
+
+def space_factor(config: VAEConfig) -> int:
+    """Video pixels per latent pixel along a side: each resampler halves or doubles (8)."""
+    return 2 ** len(config.temperal_downsample)
+
+
 def video_shape(config: VAEConfig, latent_shape: tuple[int, ...]) -> tuple[int, ...]:
     """Shape of :func:`decode`'s output for a latent of ``latent_shape`` ``[B, z, T, h, w]``."""
     _check_latent_shape(config, tuple(latent_shape))
     b, _, t, h, w = latent_shape
     for doubles in config.temperal_upsample:
         t = 1 + 2 * (t - 1) if doubles else t
-    s = 2 ** len(config.temperal_upsample)
+    s = space_factor(config)
     return b, 3, t, h * s, w * s
 
 
@@ -345,17 +355,27 @@ def causal_conv(x: jax.Array, params: Params, name: str, stream: Stream | None =
     padded by ``k // 2`` on both sides, as the official ``padding=1`` of every 3x3 conv. With
     a ``stream``, ``x`` is one chunk and the frames in front are the previous chunk's.
     """
-    w = params[f"{name}.weight"]
-    if w.ndim == 4:  # Conv2d applied frame by frame = Conv3d with a kernel one frame long
-        w = w[:, :, None]
-    kt, kh, kw = w.shape[2:]
+    kt, kh, kw = _weight(params, name).shape[2:]
     front = kt - 1
     if stream is not None and front:
         x, front = stream.extend(x, name, front), 0
-    y = lax.conv_general_dilated(x, w.astype(x.dtype), (1, 1, 1),
-                                 ((front, 0), (kh // 2, kh // 2), (kw // 2, kw // 2)),
+    return conv(x, params, name, (1, 1, 1), ((front, 0), (kh // 2, kh // 2), (kw // 2, kw // 2)))
+
+
+def conv(x: jax.Array, params: Params, name: str, strides: tuple[int, int, int],
+         padding: tuple[tuple[int, int], ...]) -> jax.Array:
+    """The official conv ``name`` (weight and bias) with these ``strides`` and explicit
+    ``padding`` per axis (time, height, width)."""
+    y = lax.conv_general_dilated(x, _weight(params, name).astype(x.dtype), strides, padding,
                                  dimension_numbers=_CONV_DIMS)
     return y + params[f"{name}.bias"].astype(x.dtype)[:, None, None, None]
+
+
+def _weight(params: Params, name: str) -> jax.Array:
+    """A conv's weight as Conv3d's ``[O, I, kt, kh, kw]``: a Conv2d applied frame by frame is a
+    Conv3d with a kernel one frame long."""
+    w = params[f"{name}.weight"]
+    return w[:, :, None] if w.ndim == 4 else w
 
 
 def rms_norm(x: jax.Array, gamma: jax.Array) -> jax.Array:
@@ -498,9 +518,15 @@ def streamed(decoder: Callable[[jax.Array, Stream | None], jax.Array], z: jax.Ar
 def unnormalise(z: jax.Array, latent_mean: tuple[float, ...],
                  latent_std: tuple[float, ...]) -> jax.Array:
     """The official ``z / scale[1] + scale[0]`` with ``scale = [mean, 1 / std]``."""
-    mean = jnp.asarray(latent_mean, z.dtype).reshape(1, -1, 1, 1, 1)
-    inv_std = 1.0 / jnp.asarray(latent_std, z.dtype).reshape(1, -1, 1, 1, 1)
+    mean, inv_std = _scale(latent_mean, latent_std, z.dtype)
     return z / inv_std + mean  # divide by 1 / std, not multiply by std: the official rounding
+
+
+def _scale(latent_mean: tuple[float, ...], latent_std: tuple[float, ...], dtype: Any
+           ) -> tuple[jax.Array, jax.Array]:
+    """The official ``scale = [mean, 1 / std]``, per channel, broadcastable over NCDHW."""
+    mean = jnp.asarray(latent_mean, dtype).reshape(1, -1, 1, 1, 1)
+    return mean, 1.0 / jnp.asarray(latent_std, dtype).reshape(1, -1, 1, 1, 1)
 
 
 def _check_latent_shape(config: VAEConfig, shape: tuple[int, ...]) -> None:
@@ -578,45 +604,28 @@ def load_encoder_params(source: Mapping[str, Any] | str | Path, config: VAEConfi
                       config=config, dtype=dtype)
 
 
-def time_factor(config: VAEConfig) -> int:
-    """Video frames per latent frame after the first (4 in Wan 2.1)."""
-    return 2 ** sum(config.temperal_downsample)
-
-
 def latent_shape(config: VAEConfig, video: tuple[int, ...]) -> tuple[int, ...]:
     """Shape of :func:`encode`'s latent for a video of shape ``video`` ``[B, 3, T, H, W]``."""
     _check_video_shape(config, tuple(video))
     b, _, t, h, w = video
-    s = 2 ** (len(config.dim_mult) - 1)
+    s = space_factor(config)
     return b, config.z_dim, 1 + (t - 1) // time_factor(config), h // s, w // s
 
 
 def _downsample(x: jax.Array, params: Params, layer: Layer, stream: Stream | None = None
                 ) -> jax.Array:
     """Official ``Resample`` (``downsample2d`` / ``downsample3d``): space first, then time."""
-    x = _strided(x, params, f"{layer.name}.resample.1", (1, 2, 2), ((0, 0), (0, 1), (0, 1)))
+    x = conv(x, params, f"{layer.name}.resample.1", (1, 2, 2), ((0, 0), (0, 1), (0, 1)))
     if layer.kind != "downsample3d":
         return x
     time_conv = f"{layer.name}.time_conv"
     if stream is None:
         return x if x.shape[2] == 1 else jnp.concatenate(
-            [x[:, :, :1], _strided(x, params, time_conv, (2, 1, 1), ((0, 0),) * 3)], axis=2)
+            [x[:, :, :1], conv(x, params, time_conv, (2, 1, 1), ((0, 0),) * 3)], axis=2)
     if stream.first:  # official: the first chunk is cached and passes through
         stream.after[time_conv] = x[:, :, -1:]
         return x
-    return _strided(stream.extend(x, time_conv, 1), params, time_conv, (2, 1, 1),
-                    ((0, 0),) * 3)
-
-
-def _strided(x: jax.Array, params: Params, name: str, strides: tuple[int, int, int],
-             padding: tuple[tuple[int, int], ...]) -> jax.Array:
-    """A conv of the given ``strides`` and explicit ``padding`` (a Conv2d per frame where the
-    weight has no time axis)."""
-    w = params[f"{name}.weight"]
-    w = w[:, :, None] if w.ndim == 4 else w
-    y = lax.conv_general_dilated(x, w.astype(x.dtype), strides, padding,
-                                 dimension_numbers=_CONV_DIMS)
-    return y + params[f"{name}.bias"].astype(x.dtype)[:, None, None, None]
+    return conv(stream.extend(x, time_conv, 1), params, time_conv, (2, 1, 1), ((0, 0),) * 3)
 
 
 FORWARD.update(downsample2d=_downsample, downsample3d=_downsample)
@@ -649,13 +658,12 @@ def encode(params: Params, video: jax.Array, config: VAEConfig, *,
 
     frames = None if chunk is None else chunk * time_factor(config)
     mu = causal_conv(streamed(encoder, video, frames), params, "conv1")[:, :config.z_dim]
-    mean = jnp.asarray(config.latent_mean, mu.dtype).reshape(1, -1, 1, 1, 1)
-    inv_std = 1.0 / jnp.asarray(config.latent_std, mu.dtype).reshape(1, -1, 1, 1, 1)
+    mean, inv_std = _scale(config.latent_mean, config.latent_std, mu.dtype)
     return keep((mu - mean) * inv_std)  # the official (mu - scale[0]) * scale[1]
 
 
 def _check_video_shape(config: VAEConfig, shape: tuple[int, ...]) -> None:
-    f, s = time_factor(config), 2 ** (len(config.dim_mult) - 1)
+    f, s = time_factor(config), space_factor(config)
     if (len(shape) != 5 or shape[1] != 3 or min(shape) < 1 or (shape[2] - 1) % f
             or shape[3] % s or shape[4] % s):
         raise AoizoraError(
