@@ -45,7 +45,6 @@ measurements".
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -102,18 +101,16 @@ class Generation:
 
     @property
     def encode_s(self) -> float:
-        return self.encode.best.seconds if self.encode.best else math.nan
+        return self.encode.best_s
 
     @property
     def decode_s(self) -> float:
-        return self.decode.best.seconds if self.decode.best else math.nan
+        return self.decode.best_s
 
     @property
     def video_encode_s(self) -> float:
         """The condition video's encode (0 where the model has none, NaN where none compiled)."""
-        if not len(self.video_encode):
-            return 0.0
-        return self.video_encode.best.seconds if self.video_encode.best else math.nan
+        return self.video_encode.best_s if len(self.video_encode) else 0.0
 
     @property
     def expert_bytes_per_device(self) -> float:
@@ -149,7 +146,7 @@ class Generation:
             best = parts.best
             rows.append({"part": name, "plan": best.part.name if best else "none compiled",
                          "order": best.placement.description if best else "",
-                         "per_call_s": best.seconds if best else math.nan, "calls": 1})
+                         "per_call_s": parts.best_s, "calls": 1})
         step = self.step
         high, low = self.expert_steps
         names = (("DiT steps (high-noise expert)", high), ("DiT steps (low-noise expert)", low)

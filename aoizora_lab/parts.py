@@ -479,6 +479,11 @@ class PricedParts(Records[PricedPart]):
         ok = [p for p in self if p.ok]
         return min(ok, key=lambda p: p.seconds) if ok else None
 
+    @property
+    def best_s(self) -> float:
+        """The fastest's seconds (NaN: none compiled)."""
+        return self.best.seconds if self.best else math.nan
+
 
 def compile_part(part: Part, topology: Topology, *, cache_dir: str | Path | None = None,
                  timeout_s: float = 1800.0) -> tuple[dict[str, Any], CommProgram | None]:
