@@ -26,7 +26,13 @@ def test_pruning_keeps_a_minority_and_explains_every_row(swept):
     pruning = prune(candidates, workload, topology, estimates=estimates)
     table = pruning.to_frame()
     assert len(pruning) == len(table) == len(candidates)
-    assert 3 <= len(pruning.kept) <= max(3, len(candidates) // 4)
+    budget = max(3, len(candidates) // 4)
+    assert 3 <= len(pruning.kept)
+    ranked = [d for d in pruning if d.verdict not in (Verdict.OVER_HBM, Verdict.TRACE_FAILED)]
+    # past the budget only ties with its last estimate (to 3 significant digits) are kept
+    last = float(f"{ranked[min(budget, len(ranked)) - 1].estimate.estimate_seconds:.3g}")
+    for d in [d for d in pruning if d.verdict.keep][budget:]:
+        assert float(f"{d.estimate.estimate_seconds:.3g}") == last, d.reason
     fitting = [d for d in pruning if d.verdict is not Verdict.OVER_HBM]
     assert [d.verdict for d in fitting[:3]] == [Verdict.KEPT_BEST] * 3
     assert Verdict.KEPT_BEST not in {d.verdict for d in fitting[3:]}
@@ -181,13 +187,35 @@ def test_unlikely_starts_just_above_the_estimate_margin(eight):
 
 
 def test_the_compile_budget_is_a_fraction_of_the_candidates(eight):
-    # 8 candidates within every margin; a quarter of 8 is 2, and keep=1
-    figures = [(1.0 + i * 1e-3,) for i in range(8)]
+    # 8 candidates within every margin, no two equal to 3 significant digits; a quarter of 8
+    # is 2, and keep=1
+    figures = [(1.0 + i * 1e-2,) for i in range(8)]
     verdicts = _verdicts(eight, figures, keep=1, max_fraction=0.25)
     assert verdicts == [Verdict.KEPT_BEST, Verdict.KEPT] + [Verdict.OVER_BUDGET] * 6
     # the budget never falls below keep
     verdicts = _verdicts(eight, figures, keep=3, max_fraction=0.125)
     assert verdicts == [Verdict.KEPT_BEST] * 3 + [Verdict.OVER_BUDGET] * 5
+
+
+def test_the_compile_budget_never_cuts_inside_a_tie(eight):
+    # a quarter of 8 is 2; the 2nd to 4th estimates are equal to 3 significant digits (the
+    # ranking puts less communication first), so the budget keeps all three
+    figures = [(1.0,), (1.0501, 0.5, 0.0, 0.3), (1.0502, 0.5, 0.0, 0.1),
+               (1.0499, 0.5, 0.0, 0.2), (1.06,), (1.07,), (1.08,), (1.09,)]
+    verdicts = _verdicts(eight, figures, keep=1, max_fraction=0.25)
+    assert verdicts == [Verdict.KEPT_BEST] + [Verdict.KEPT] * 3 + [Verdict.OVER_BUDGET] * 4
+    workload, host, candidates = eight
+    candidates = candidates[:len(figures)]
+    estimates = {c.name: _estimate(c.name, *f) for c, f in zip(candidates, figures, strict=True)}
+    pruning = prune(candidates, workload, host, estimates=estimates, keep=1, max_fraction=0.25)
+    tied = [d for d in pruning if "tied with the last" in d.reason]
+    # less communication ranks first: the 3rd, then the 4th and the 2nd past the budget
+    assert [d.candidate.name for d in tied] == [candidates[3].name, candidates[1].name]
+    # without the tie the same budget keeps two
+    figures[1] = (1.04,)
+    verdicts = _verdicts(eight, figures, keep=1, max_fraction=0.25)
+    assert verdicts[:4] == [Verdict.KEPT_BEST, Verdict.KEPT, Verdict.OVER_BUDGET,
+                            Verdict.OVER_BUDGET]
 
 
 def test_the_best_estimates_are_kept_whatever_the_other_rules_say(eight):
