@@ -321,7 +321,7 @@ def explain_candidates(workload: Workload, topology: Topology, *, allow_padding:
       official Wan code and MaxDiffusion pad;
     - fsdp with no axis besides tp (and cfg, for ``-fsdpseq``) to shard over;
     - stored weights per device above the chip's usable HBM even with this sharding (every
-      resident expert's: Wan 2.2 A14B holds two, :attr:`Workload.experts`).
+      resident expert's: Wan 2.2 A14B holds two, :attr:`Workload.resident_experts`).
     """
     cfg = workload.config()
     attention = check_backend(attention or default_attention(topology))
@@ -337,9 +337,10 @@ def explain_candidates(workload: Workload, topology: Topology, *, allow_padding:
             if not (fsdp and _nothing_to_shard_over(by_role, over_cfg)):
                 candidate = Candidate.from_degrees(by_role, fsdp=fsdp, attention=attention,
                                                    fsdp_over_cfg=over_cfg)
-                weights = workload.experts * candidate.weight_bytes_per_device(cfg, dtype)
+                resident = workload.resident_experts
+                weights = resident * candidate.weight_bytes_per_device(cfg, dtype)
                 if weights > usable:
-                    held = "" if workload.experts == 1 else f" ({workload.experts} experts)"
+                    held = "" if resident == 1 else f" ({resident} experts)"
                     reasons.append(
                         f"weights{held} {weights / 2**30:.1f} GiB per device exceed the "
                         f"{usable / 2**30:.2f} GiB usable HBM")

@@ -1,6 +1,6 @@
 """A case: one workload on one slice, written one way everywhere.
 
-``MODEL@WIDTHxHEIGHT[xFRAMES][-nocfg][-textN]/SLICE``, e.g.
+``MODEL@WIDTHxHEIGHT[xFRAMES][-nocfg][-textN][-swap]/SLICE``, e.g.
 ``wan2.1-t2v-14b@1280x720x81/v5e:4x4``: the workload spec of :meth:`Workload.parse` (a named
 size such as ``720p`` is accepted for ``WIDTHxHEIGHT``), a slash, and a slice name of
 :meth:`Topology.from_name`. The command line (``aoizora-lab plan CASE``), the benchmark
@@ -16,7 +16,7 @@ from aoizora_lab.errors import AoizoraError
 from aoizora_lab.topology import Topology, parse_slice_name
 from aoizora_lab.workload import Workload
 
-CASE_SPEC = "MODEL@WIDTHxHEIGHT[xFRAMES][-nocfg][-textN]/SLICE"
+CASE_SPEC = "MODEL@WIDTHxHEIGHT[xFRAMES][-nocfg][-textN][-swap]/SLICE"
 """The grammar of a case spec, for help texts and errors."""
 
 

@@ -210,12 +210,17 @@ def _plan_command(args: argparse.Namespace) -> int:
             print(f"\nThe whole video ({steps} steps; text encoder and VAE decoder planned on "
                   f"the same slice, each on its own mesh): {video.total_s:.4g} s")
             print(video.to_frame().to_string(float_format=lambda v: f"{v:.4g}"))
-            if video.expert_bytes_per_device:
-                print(f"Both experts stay resident ({video.expert_bytes_per_device / 2**30:.3g} "
-                      "GiB per device each); swapping them through the host instead would "
-                      f"add {video.expert_swap_s:.3g} s per video over PCIe and free that "
-                      "much HBM per device (not planned: the step is the plan made with both "
-                      "resident).")
+            shard = video.expert_bytes_per_device / 2**30
+            if shard and workload.swap_experts:
+                print(f"One expert resident, the other swapped in from the host "
+                      f"({shard:.3g} GiB per device per move, {video.expert_swap_s:.3g} s per "
+                      "video over PCIe); the step was planned with one expert's HBM.")
+            elif shard:
+                print(f"Both experts stay resident ({shard:.3g} GiB per device each); "
+                      f"swapping them through the host instead would add "
+                      f"{video.expert_swap_s:.3g} s per video over PCIe and free that much HBM "
+                      "per device (a workload ending in -swap, e.g. "
+                      "wan2.2-t2v-a14b@1280x720x81-swap, plans the step with one expert's HBM).")
         if args.compare:
             print("\nYour setup, and what to change (speedup = yours / that row):")
             print(result.advice().to_string(float_format=lambda v: f"{v:.4g}"))

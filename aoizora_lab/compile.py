@@ -552,7 +552,7 @@ def _sweep(workload: Workload, topology: Topology, num_layers: int | None) -> di
     model = workload.config()
     return {
         "model": dataclasses.asdict(model),
-        "workload": {k: v for k, v in dataclasses.asdict(workload).items() if k != "model"},
+        "workload": workload.program_fields(),
         "topology": topology_spec(topology),
         "num_layers": num_layers or model.num_layers,
         "versions": code_versions("aoizora_lab.compile_worker"),

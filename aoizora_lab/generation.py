@@ -21,12 +21,14 @@ What a person waits for is a generation, not a step::
   (:class:`~aoizora_lab.parts.VideoEncodePart`). Not modelled: Wan 2.1 I2V's CLIP image
   encoder (one 224 x 224 image) and TI2V-5B's encode of its one image frame.
 
-Both A14B experts stay resident, as MaxDiffusion keeps them; the alternative, swapping them
-through the host as the official code does with ``offload_model``, is priced beside
-(:attr:`Generation.expert_swap_s`: each chip moves its shard of the low-noise expert in at the
+Both A14B experts stay resident, as MaxDiffusion keeps them, unless the workload swaps them
+(``Workload.swap_experts``, a case name's ``-swap``) through the host as the official code
+does with ``offload_model``: each chip moves its shard of the low-noise expert in at the
 boundary and of the high-noise one back for the next video, over its PCIe link at
-:data:`HOST_TO_HBM_BYTES_PER_S`) with the HBM it would free, not planned: the step keeps the
-plan made with both resident.
+:data:`HOST_TO_HBM_BYTES_PER_S` (:attr:`Generation.expert_swap_s`), while the steps run, and
+were planned, with one expert's HBM. A swapping video adds that time as a part (the moves
+wait for the step before them: not hidden); a resident one prints it beside, with the HBM
+swapping would free.
 
 The parts run one after the other on the same slice, each on its own mesh: a mesh is a Python
 object, so changing it between parts costs only moving what one part hands the next (the text
@@ -51,7 +53,7 @@ from typing import Any
 import pandas as pd
 
 from aoizora_lab.errors import AoizoraError, is_whole
-from aoizora_lab.models.wan import SAMPLING, Sampling, expert_steps, preset_key
+from aoizora_lab.models.wan import SAMPLING, Sampling, expert_steps
 from aoizora_lab.parts import (
     PricedParts,
     VideoEncodePart,
@@ -72,11 +74,11 @@ each have their own link, so a sharded swap moves every shard side by side."""
 
 def official_sampling(workload: Workload) -> Sampling:
     """The workload's preset's official sampler (steps, shift, expert boundary)."""
-    if not isinstance(workload.model, str):
+    if workload.sampling is None:
         raise AoizoraError(
             f"Workload {workload.name!r} has a custom WanConfig and so no official sampler: "
             "give the number of denoising steps (plan_generation(plan, steps=50)).")
-    return SAMPLING[preset_key(workload.model)]
+    return workload.sampling
 
 
 @dataclass(frozen=True)
@@ -122,10 +124,17 @@ class Generation:
 
     @property
     def expert_swap_s(self) -> float:
-        """What swapping the experts through the host would add to a video instead of keeping
-        both resident: two moves of each device's expert shard over PCIe (module docstring;
-        the other expert's resident bytes are what it would free, per device)."""
+        """What swapping the experts through the host adds to a video (part of it where the
+        workload swaps, what it would add otherwise): two moves of each device's expert shard
+        over PCIe (module docstring; the other expert's resident bytes are what it frees, per
+        device)."""
         return 2 * self.expert_bytes_per_device / HOST_TO_HBM_BYTES_PER_S
+
+    @property
+    def swaps_s(self) -> float:
+        """The expert swaps in this video: :attr:`expert_swap_s` where the workload swaps,
+        else 0."""
+        return self.expert_swap_s if self.workload.swap_experts else 0.0
 
     @property
     def steps_s(self) -> float:
@@ -134,7 +143,8 @@ class Generation:
     @property
     def total_s(self) -> float:
         """The whole video (NaN where a part has no split that compiled)."""
-        return self.encode_s + self.video_encode_s + self.steps_s + self.decode_s
+        return (self.encode_s + self.video_encode_s + self.steps_s + self.swaps_s
+                + self.decode_s)
 
     def to_frame(self) -> pd.DataFrame:
         """One row per part: its plan, seconds per call, calls, seconds and share."""
@@ -157,6 +167,10 @@ class Generation:
              "order": step.placement.description, "per_call_s": step.predicted.total_s,
              "calls": calls}
             for name, calls in names]
+        if self.workload.swap_experts:  # at the boundary and back for the next video
+            rows.insert(before_decode + 2, {
+                "part": "expert swaps (host -> HBM)", "plan": "each device its shard over PCIe",
+                "order": "", "per_call_s": self.expert_swap_s / 2, "calls": 2})
         frame = pd.DataFrame(rows)
         frame["seconds"] = frame["per_call_s"] * frame["calls"]
         frame["share"] = frame["seconds"] / self.total_s

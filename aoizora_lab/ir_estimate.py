@@ -158,8 +158,7 @@ def _trace_entry(candidate: Candidate, workload: Workload, model: WanConfig, dty
         return None
     job = {"candidate": candidate.name, "attention": candidate.attention,
            "model": dataclasses.asdict(model), "dtype": jnp.dtype(dtype).name,
-           "workload": {k: v for k, v in dataclasses.asdict(workload).items()
-                        if k != "model"},
+           "workload": workload.program_fields(),
            "versions": code_versions(__name__)}
     key = digest(json.dumps(job, sort_keys=True))
     return Path(cache_dir or cache_root() / "ir") / f"{key}.json"

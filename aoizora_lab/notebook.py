@@ -13,7 +13,7 @@ contract::
   of silently leaving a default in place. Values are JSON-like. The workload and the slice
   are one parameter, ``case = "wan2.1-t2v-1.3b@832x480x81/v5e:2x4"`` (the case spec of
   :func:`aoizora_lab.cases.parse_case`:
-  ``MODEL@WIDTHxHEIGHT[xFRAMES][-nocfg][-textN]/SLICE``); notebooks that compile add
+  ``MODEL@WIDTHxHEIGHT[xFRAMES][-nocfg][-textN][-swap]/SLICE``); notebooks that compile add
   ``layers`` and ``budget``. :func:`notebook_inputs` checks them and builds the library
   values (case, workload, topology, layers, budget).
 - **Figures**: display plotly figures as HTML divs without plotly.js,
@@ -110,7 +110,7 @@ def notebook_inputs(*, case: Any, layers: Any = None, budget: Any = 20_000,
                     time_limit: Any = None) -> NotebookInputs:
     """Check a notebook's parameters as papermill injected them and build the library values.
 
-    ``case`` is one case spec, ``MODEL@WIDTHxHEIGHT[xFRAMES][-nocfg][-textN]/SLICE`` (see
+    ``case`` is one case spec, ``MODEL@WIDTHxHEIGHT[xFRAMES][-nocfg][-textN][-swap]/SLICE`` (see
     :mod:`aoizora_lab.cases`); ``time_limit``: seconds the plan may take, or ``None`` for the
     full search. Example: ``notebook_inputs(case="wan2.1-t2v-14b@1280x720x81/v5e:4x4",
     layers=2)``. A bad value raises :class:`AoizoraError` naming it and what is accepted

@@ -2,7 +2,8 @@
 
 Rules, applied to every candidate in order (the first that applies decides):
 
-1. **Cannot fit**: parameters (of every resident expert: Wan 2.2 A14B keeps two) plus the
+1. **Cannot fit**: parameters (of every resident expert: Wan 2.2 A14B keeps two unless it
+   swaps one, ``Workload.swap_experts``) plus the
    largest activation per device exceed the chip's usable HBM (15.75 GiB on v5e): compiling it
    would only report ``RESOURCE_EXHAUSTED``, or leave no room for the other expert.
 2. **Cannot win**: its latency *lower bound* exceeds the best *estimate* of any candidate by
@@ -223,9 +224,9 @@ def prune(candidates: Sequence[Candidate], workload: Workload, topology: Topolog
             failed.append(PruneDecision(candidate, Verdict.TRACE_FAILED,
                                         f"trace failed: {result}", None, position))
         elif (needs := result.memory_lower_bound_bytes
-              + (workload.experts - 1) * result.param_bytes) > usable:
-            held = ("parameters" if workload.experts == 1
-                    else f"parameters of {workload.experts} resident experts")
+              + (workload.resident_experts - 1) * result.param_bytes) > usable:
+            held = ("parameters" if workload.resident_experts == 1
+                    else f"parameters of {workload.resident_experts} resident experts")
             over.append(PruneDecision(
                 candidate, Verdict.OVER_HBM,
                 f"cannot fit: needs >= {needs / GiB:.2f} GiB per device ({held} + largest "

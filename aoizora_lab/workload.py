@@ -18,6 +18,7 @@ guidance combine ``uncond + scale * (cond - uncond)``.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from dataclasses import dataclass
@@ -33,6 +34,7 @@ from aoizora_lab.models.wan import (
     CLIP_TOKENS,
     SAMPLING,
     Params,
+    Sampling,
     WanConfig,
     forward,
     preset_key,
@@ -41,7 +43,8 @@ from aoizora_lab.models.wan import (
 RESOLUTIONS: dict[str, tuple[int, int]] = {"480p": (832, 480), "720p": (1280, 720)}
 """Named video sizes (width, height) of the official Wan 2.1 presets."""
 DEFAULT_TEXT_LEN = 512  # the official T5 context length (wan/configs: text_len)
-_SPEC = re.compile(r"([^@\s]+)@(?:(\d+p)|(\d+)x(\d+))(?:x(\d+))?(-nocfg)?(?:-text(\d+))?")
+_SPEC = re.compile(
+    r"([^@\s]+)@(?:(\d+p)|(\d+)x(\d+))(?:x(\d+))?(-nocfg)?(?:-text(\d+))?(-swap)?")
 
 
 @dataclass(frozen=True)
@@ -60,6 +63,11 @@ class Workload:
     """Classifier-free guidance: a conditional and an unconditional pass per step."""
     text_len: int = DEFAULT_TEXT_LEN
     """Text tokens fed to the model (at most the model's ``text_len``)."""
+    swap_experts: bool = False
+    """Wan 2.2 A14B only: keep one expert in HBM and swap the other in from the host at the
+    boundary step (the official code's ``offload_model``), so a step has the HBM of one
+    expert; ``False`` (MaxDiffusion's way): both stay resident. What the swaps add to a video
+    is :attr:`aoizora_lab.generation.Generation.expert_swap_s`."""
 
     def __post_init__(self) -> None:
         self.validate()
@@ -76,6 +84,12 @@ class Workload:
                 f"Workload.cfg={self.cfg!r} must be True (guidance: two passes per step) or "
                 "False (one pass)."
             )
+        if self.swap_experts is not False and (self.swap_experts is not True
+                                               or self.experts == 1):
+            raise AoizoraError(
+                f"Workload.swap_experts={self.swap_experts!r} for {self.name.split('@')[0]}: "
+                "only a model with two experts (wan2.2-t2v-a14b, wan2.2-i2v-a14b) can swap "
+                "one through the host; leave it False.")
         stride = model.vae_stride
         spatial = stride[1] * model.patch_size[1]
         if self.height % spatial or self.width % (stride[2] * model.patch_size[2]):
@@ -115,30 +129,34 @@ class Workload:
     def name(self) -> str:
         """The workload spec, e.g. ``wan2.1-t2v-14b@1280x720x81``; :meth:`parse` reads it back.
 
-        Non-default guidance and text length are suffixes: ``...x81-nocfg``, ``...x81-text256``.
-        A custom :class:`WanConfig` is named ``custom`` (it has no preset to parse back to).
+        Non-default guidance, text length and expert swapping are suffixes: ``...x81-nocfg``,
+        ``...x81-text256``, ``...x81-swap``. A custom :class:`WanConfig` is named ``custom`` (it
+        has no preset to parse back to).
         """
         model = self.model if isinstance(self.model, str) else "custom"
         flags = ("" if self.cfg else "-nocfg") + (
-            "" if self.text_len == DEFAULT_TEXT_LEN else f"-text{self.text_len}")
+            "" if self.text_len == DEFAULT_TEXT_LEN else f"-text{self.text_len}") + (
+            "-swap" if self.swap_experts else "")
         return f"{model}@{self.width}x{self.height}x{self.frames}{flags}"
 
     @classmethod
     def parse(cls, spec: str) -> Workload:
         """``Workload.parse("wan2.1-t2v-14b@1280x720x81")``: the one way a workload is written.
 
-        Grammar: ``MODEL@SIZE[xFRAMES][-nocfg][-textN]`` with SIZE ``WIDTHxHEIGHT`` or a named
-        resolution (``480p``, ``720p``); FRAMES defaults to 81, guidance to on, text length
-        to 512. ``Workload.parse(w.name) == w`` for every preset-model workload.
+        Grammar: ``MODEL@SIZE[xFRAMES][-nocfg][-textN][-swap]`` with SIZE ``WIDTHxHEIGHT`` or a
+        named resolution (``480p``, ``720p``); FRAMES defaults to 81, guidance to on, text
+        length to 512, both A14B experts to resident. ``Workload.parse(w.name) == w`` for every
+        preset-model workload.
         """
         match = _SPEC.fullmatch(str(spec).strip())
         if not match:
             raise AoizoraError(
-                f"Workload {spec!r} must be MODEL@WIDTHxHEIGHT[xFRAMES][-nocfg][-textN] (or a "
+                f"Workload {spec!r} must be MODEL@WIDTHxHEIGHT[xFRAMES][-nocfg][-textN][-swap] "
+                "(or a "
                 f"named size {list(RESOLUTIONS)} for WIDTHxHEIGHT), e.g. "
                 "'wan2.1-t2v-14b@1280x720x81' or 'wan2.1-t2v-1.3b@480p'."
             )
-        model, named, width, height, frames, nocfg, text = match.groups()
+        model, named, width, height, frames, nocfg, text, swap = match.groups()
         if model == "custom":
             raise AoizoraError(
                 f"Workload {spec!r}: a custom WanConfig has no name to parse; build it with "
@@ -152,17 +170,37 @@ class Workload:
         try:
             return cls(model=model, height=int(height), width=int(width),
                        frames=int(frames) if frames else 81, cfg=nocfg is None,
-                       text_len=int(text) if text else DEFAULT_TEXT_LEN)
+                       text_len=int(text) if text else DEFAULT_TEXT_LEN,
+                       swap_experts=swap is not None)
         except AoizoraError as err:
             raise AoizoraError(f"Workload {spec!r}: {err}") from None
 
     @property
+    def sampling(self) -> Sampling | None:
+        """The preset's official sampler (steps, shift, expert boundary); ``None`` for a
+        custom :class:`WanConfig`, which has none."""
+        return SAMPLING[preset_key(self.model)] if isinstance(self.model, str) else None
+
+    @property
     def experts(self) -> int:
-        """Models resident in HBM while the steps run: 2 for Wan 2.2 A14B, whose high- and
-        low-noise experts both stay on the chips (MaxDiffusion keeps both; swapping one in
-        from the host at the boundary would cost 28.6 GB over PCIe), else 1. A step runs one,
-        so the other's stored weights are HBM the step's program cannot use."""
-        return SAMPLING[preset_key(self.model)].experts if isinstance(self.model, str) else 1
+        """The model's denoisers: 2 for Wan 2.2 A14B (a high- and a low-noise expert, a step
+        runs one), else 1."""
+        return self.sampling.experts if self.sampling else 1
+
+    @property
+    def resident_experts(self) -> int:
+        """Experts in HBM while a step runs: both A14B experts unless :attr:`swap_experts`
+        (MaxDiffusion keeps both); the one a step does not run is HBM its program cannot
+        use."""
+        return 1 if self.swap_experts else self.experts
+
+    def program_fields(self) -> dict[str, Any]:
+        """The fields the step's program depends on, as plain values: all but the model (it
+        travels as its :class:`WanConfig`) and :attr:`swap_experts` (where the idle expert
+        waits changes the HBM left, not the step). Compile and trace caches key on these, so
+        a swapping workload reuses the resident one's programs."""
+        return {k: v for k, v in dataclasses.asdict(self).items()
+                if k not in ("model", "swap_experts")}
 
     @property
     def batch(self) -> int:

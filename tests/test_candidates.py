@@ -157,3 +157,7 @@ def test_a14b_holds_both_experts_weights():
     assert len(lost) > 0  # e.g. tp2 without fsdp: 14.3 GB of one expert fits, two do not
     assert (lost["weight_gib_per_device_one"] <= usable / 2**30).all()
     assert lost["reason_two"].str.contains("weights (2 experts)", regex=False).all()
+    # Swapping one through the host: the same space as one model's.
+    swapped = explain_candidates(az.Workload.parse("wan2.2-t2v-a14b@720p-swap"), topology)
+    assert swapped.to_frame()[["name", "valid", "weight_gib_per_device"]].equals(
+        one[["name", "valid", "weight_gib_per_device"]])

@@ -93,6 +93,14 @@ def test_swapping_the_experts_moves_each_devices_shard_twice_over_pcie(monkeypat
     assert a14b.total_s == pytest.approx(a14b.encode_s + a14b.steps_s + a14b.decode_s)
     single = plan_generation(_step(2.0))  # one model: nothing to swap
     assert single.expert_bytes_per_device == 0 and single.expert_swap_s == 0
+    # A swapping workload pays the two moves in its video, as a part between steps and decode.
+    swapped = plan_generation(_step(2.0, Workload.parse("wan2.2-t2v-a14b@1280x720x81-swap")))
+    assert swapped.swaps_s == swapped.expert_swap_s == a14b.expert_swap_s > 0
+    assert swapped.total_s == pytest.approx(a14b.total_s + swapped.expert_swap_s)
+    frame = swapped.to_frame()
+    assert list(frame["part"])[-2:] == ["expert swaps (host -> HBM)", "VAE decode"]
+    assert frame["seconds"].sum() == pytest.approx(swapped.total_s)
+    assert frame.set_index("part").loc["expert swaps (host -> HBM)", "calls"] == 2
 
 
 def test_the_decoder_is_the_models_vae(monkeypatch):

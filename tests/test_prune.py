@@ -267,3 +267,6 @@ def test_the_other_expert_takes_hbm_from_the_step():
     assert one.estimate.memory_lower_bound_bytes + one.estimate.param_bytes > usable
     assert one.verdict is not Verdict.OVER_HBM and two.verdict is Verdict.OVER_HBM
     assert "2 resident experts" in two.reason
+    # Swapping one expert through the host gives the step one expert's HBM again.
+    swapped = prune([candidate], az.Workload.parse("wan2.2-t2v-a14b@720p-swap"), topology)
+    assert swapped.decision("cfg2-tp4").verdict is one.verdict

@@ -37,6 +37,15 @@ def test_wan22_workloads_take_their_vae_and_timesteps():
     i2v = Workload.parse("wan2.2-i2v-a14b@1280x720x81").abstract_inputs()
     assert set(i2v) == {"latents", "t", "context", "negative_context", "y"}
     assert Workload.parse(ti2v.name) == ti2v
+    # A14B: two experts, both resident unless swapped through the host (a name's -swap)
+    a14b = Workload.parse("wan2.2-t2v-a14b@720p")
+    swapped = Workload.parse("wan2.2-t2v-a14b@1280x720x81-text256-swap")
+    assert (a14b.experts, a14b.resident_experts) == (2, 2)
+    assert (swapped.experts, swapped.resident_experts) == (2, 1) and swapped.text_len == 256
+    assert Workload.parse(swapped.name) == swapped and swapped.name.endswith("-text256-swap")
+    assert a14b.sampling.boundary and ti2v.sampling.boundary is None
+    with pytest.raises(AoizoraError, match=r"swap_experts=True for wan2.2-ti2v-5b.*two experts"):
+        Workload.parse("wan2.2-ti2v-5b@1280x704x121-swap")
     with pytest.raises(AoizoraError, match=r"1280x720.*multiples of 32.*1280x704"):
         Workload.parse("wan2.2-ti2v-5b@720p")
 
@@ -122,3 +131,16 @@ def test_denoise_step_lowers_on_host_devices():
     ti2v = lower_step(Workload.parse("wan2.2-ti2v-5b@1280x704x121"), plan, num_layers=1,
                       dtype=jnp.float32)
     assert "all_to_all" in ti2v.as_text()
+
+
+def test_a_swapping_workload_compiles_and_traces_the_resident_ones_program():
+    from aoizora_lab.compile import _sweep
+
+    resident = Workload.parse("wan2.2-t2v-a14b@720p")
+    swapped = Workload.parse("wan2.2-t2v-a14b@720p-swap")
+    assert swapped.program_fields() == resident.program_fields()
+    assert "swap_experts" not in resident.program_fields()
+    topology = az.Topology.from_name("v6e:2x4")
+    assert _sweep(swapped, topology, 2) == _sweep(resident, topology, 2)
+    assert Workload.parse("wan2.2-t2v-a14b@720p-nocfg").program_fields() != \
+        resident.program_fields()
