@@ -25,6 +25,13 @@ If in 240 of 256 draws the plan is faster, ``P(plan faster) = 0.94``; if the spe
 and 90th percentiles are 0.99x and 1.08x, the 80 % interval straddles 1: the model's own
 uncertainty could reverse the answer, and the table says so.
 
+The attention kernel's efficiency is a constant per kernel (:data:`KERNELS`): every program
+compiled here runs jax's splash attention (:data:`DEFAULT_KERNEL`), while a published run may
+have run another (Tokamax's on TPU7x, MaxDiffusion's fused ring kernel), so each kernel has
+its own spread, drawn independently, and :meth:`Ensemble.constants` takes the kernel a
+program stands for. A kernel's spread need not hold the chip's default efficiency, which is
+the splash kernel's.
+
 A constant that a calibration file or an override set is taken as known: its spread is not
 drawn (:func:`known_constants`). Draws are uniform between ``low`` and ``high``, or
 log-uniform where the range spans a factor of 3 or more. Several defaults lie at an end of
@@ -74,14 +81,27 @@ class Spread:
     """Whether :attr:`low` and :attr:`high` multiply the generation's default."""
     generations: tuple[str, ...] = ()
     """The generations it applies to (empty: all)."""
+    kernel: str = ""
+    """``attention_efficiency`` only: the attention kernel it is the efficiency of (a key of
+    :data:`KERNELS`); empty for every other constant."""
 
     def __post_init__(self) -> None:
         if self.name not in Constants.__dataclass_fields__:
             raise AoizoraError(f"Spread {self.name!r}: not a cost.Constants field; use one of "
                                f"{sorted(Constants.__dataclass_fields__)}.")
+        if (self.name == "attention_efficiency") != (self.kernel in KERNELS):
+            raise AoizoraError(
+                f"Spread {self.name!r} with kernel={self.kernel!r}: an attention_efficiency "
+                f"spread names its kernel (one of {list(KERNELS)}), no other spread does.")
         if not 0 < self.low <= self.high:
             raise AoizoraError(f"Spread {self.name!r}: low={self.low!r}, high={self.high!r} "
                                "must satisfy 0 < low <= high.")
+
+    @property
+    def label(self) -> str:
+        """The name, with the kernel for an attention efficiency: ``attention_efficiency
+        (tokamax)``."""
+        return f"{self.name} ({self.kernel})" if self.kernel else self.name
 
     @property
     def log(self) -> bool:
@@ -117,6 +137,19 @@ class Choice:
                                f"{ {k: list(v) for k, v in allowed.items()} }.")
 
 
+KERNELS: dict[str, str] = {
+    "splash": "jax's Pallas splash attention (jax.experimental.pallas.ops.tpu."
+              "splash_attention): every program compiled here, and MaxDiffusion's flash "
+              "attention on v5e / v6e",
+    "tokamax": "Tokamax's splash kernel (openxla/tokamax, Pallas Mosaic TPU): MaxDiffusion's "
+               "flash and tokamax_flash attention on TPU7x",
+    "ring-custom": "MaxDiffusion's ulysses_ring_custom, a splash ring kernel with the ring hop "
+                   "inside (AI-Hypercomputer/maxdiffusion PR #430)",
+}
+"""The attention kernels with an efficiency of their own (module docstring)."""
+DEFAULT_KERNEL = "splash"
+"""The kernel the programs compiled here run."""
+
 SCALING_BOOK = "the scaling book (jax-ml.github.io/scaling-book)"
 
 SPREADS: tuple[Spread, ...] = (
@@ -136,7 +169,7 @@ SPREADS: tuple[Spread, ...] = (
         "in an older text; its profiled 32 kB-shard all-gather over 4 v5e chips (\"closer to "
         "8us\" for 3 hops and 2.3 us of bytes) implies 1.9 us (check G2, likewise not "
         "independent)")),
-    Spread("attention_efficiency", 0.36, 0.72, source=(
+    Spread("attention_efficiency", 0.36, 0.72, kernel="splash", source=(
         "what the Pallas attention kernel achieves, which the compiler does not estimate: "
         "splash attention on Wan 720p at 36 % of v6e's peak (head dim 128 on a 256-wide MXU; "
         "yangwhale/gpu-tpu-pedia, Wan2.2 TPU optimisation guide, a third-party profile); "
@@ -145,6 +178,18 @@ SPREADS: tuple[Spread, ...] = (
         "floor a published Wan run implies (reports/benchmarks.md, 'Published measurements', "
         "attention_efficiency_floor: 0.72, the MaxDiffusion README's approximate ~20 s "
         "Ulysses gain on v6e-8, with the default model's other constants)")),
+    Spread("attention_efficiency", 0.21, 0.34, kernel="tokamax", source=(
+        "Tokamax's own splash microbenchmarks on TPU7x (openxla/tokamax, tokamax/_src/ops/"
+        "experimental/tpu/splash_attention/microbenchmarks.pdf, Nov 2025): forward, head dim "
+        "128, one TensorCore (this model's device), block sizes tuned, 20.6 % of peak at 4k "
+        "tokens to 34.3 % at 131k (causal, so the masked half is not counted: a Wan "
+        "sequence's non-causal kernel is taken to lie in the same range)")),
+    Spread("attention_efficiency", 0.56, 0.60, kernel="ring-custom", source=(
+        "MaxDiffusion commit 8dd63054 (PR #452), Wan 2.2 at 720p on v7x-8 with dp 2 x ring 2 "
+        "x Ulysses 2: one ring hop of ulysses_ring_custom took 22.65 ms, 21.15 ms with its "
+        "fixed-max softmax; a hop is 20 heads of 37,800 x 37,800 tokens at head dim 128 on one "
+        "TensorCore (1.46e13 FLOPs, the shape inferred from the mesh, not stated), i.e. 56 % "
+        "and 60 % of the TensorCore's 1.15e15 FLOP/s")),
     Spread("matmul_efficiency", 0.66, 1.0, source=(
         "matmul ops the compiler gives no cycle estimate for, and every op under the roofline "
         "compute model: the compiler's own pricing of Wan's matmuls, 0.96x their roofline "
@@ -200,7 +245,7 @@ class Ensemble:
         if not (isinstance(self.count, int) and self.count >= 2):
             raise AoizoraError(f"Ensemble(count={self.count!r}): draw at least 2 models, e.g. "
                                "256.")
-        names = [s.name for s in self.spreads]
+        names = [s.label for s in self.spreads]
         if len(set(names)) != len(names):
             raise AoizoraError(f"Ensemble: a constant is spread twice in {names}.")
 
@@ -212,17 +257,22 @@ class Ensemble:
                          axis=1) if self.choices else np.zeros((self.count, 0), dtype=int)
         return units, picks
 
-    def constants(self, topology: Topology, chip: ChipSpec | None = None) -> Constants:
-        """One device's constants under every draw (arrays ``[count]``): the spreads that
-        apply to the generation, except the constants :func:`known_constants` names, which
+    def constants(self, topology: Topology, chip: ChipSpec | None = None, *,
+                  kernel: str = DEFAULT_KERNEL) -> Constants:
+        """One device's constants under every draw (arrays ``[count]``) for a program whose
+        attention runs ``kernel`` (:data:`KERNELS`): the spreads that apply to the
+        generation and the kernel, except the constants :func:`known_constants` names, which
         keep ``chip``'s value."""
+        if kernel not in KERNELS:
+            raise AoizoraError(f"kernel={kernel!r}: attention kernels are {list(KERNELS)}.")
         known = known_constants(topology.generation, chip)
         chip = device_spec(topology, chip)
         base = Constants.of(chip)
         values = {name: getattr(base, name) for name in Constants.__dataclass_fields__}
         units, _ = self.units()
         for index, spread in enumerate(self.spreads):
-            applies = not spread.generations or topology.generation in spread.generations
+            applies = (not spread.generations or topology.generation in spread.generations) \
+                and spread.kernel in ("", kernel)
             if applies and spread.name not in known:
                 values[spread.name] = spread.values(units[:, index], values[spread.name])
         return Constants(**values)
@@ -238,11 +288,13 @@ class Ensemble:
                                                                 strict=True)}, index))
         return groups
 
-    def draws_frame(self, topology: Topology, chip: ChipSpec | None = None) -> pd.DataFrame:
-        """One row per draw: every constant and choice it drew (for people and plots)."""
+    def draws_frame(self, topology: Topology, chip: ChipSpec | None = None, *,
+                    kernel: str = DEFAULT_KERNEL) -> pd.DataFrame:
+        """One row per draw: every constant and choice it drew for a program running
+        ``kernel`` (for people and plots)."""
         import pandas as pd
 
-        constants = self.constants(topology, chip)
+        constants = self.constants(topology, chip, kernel=kernel)
         frame = pd.DataFrame({name: np.broadcast_to(getattr(constants, name), self.count)
                               for name in Constants.__dataclass_fields__})
         _, picks = self.units()
@@ -279,7 +331,7 @@ def sources() -> pd.DataFrame:
     """Every spread and choice with its range or alternatives and its source."""
     import pandas as pd
 
-    rows = [{"name": s.name, "range": (f"x{s.low:g} .. x{s.high:g} of the default"
+    rows = [{"name": s.label, "range": (f"x{s.low:g} .. x{s.high:g} of the default"
                                        if s.relative else f"{s.low:g} .. {s.high:g}"),
              "drawn": "log-uniform" if s.log else "uniform",
              "generations": ", ".join(s.generations) or "all", "source": s.source}
@@ -290,11 +342,12 @@ def sources() -> pd.DataFrame:
 
 
 def price(program: Any, topology: Topology, placement: Any,
-          ensemble: Ensemble = DEFAULT_ENSEMBLE, *, chip: ChipSpec | None = None
-          ) -> np.ndarray:
+          ensemble: Ensemble = DEFAULT_ENSEMBLE, *, chip: ChipSpec | None = None,
+          kernel: str = DEFAULT_KERNEL) -> np.ndarray:
     """The step of a compiled ``program`` on ``placement`` under every draw of ``ensemble``
-    (``[count]`` seconds, draw by draw as :meth:`Ensemble.units` orders them)."""
-    constants = ensemble.constants(topology, chip)
+    (``[count]`` seconds, draw by draw as :meth:`Ensemble.units` orders them); ``kernel``:
+    the attention kernel the program's attention stands for (:data:`KERNELS`)."""
+    constants = ensemble.constants(topology, chip, kernel=kernel)
     total = np.empty(ensemble.count)
     for picked, index in ensemble.choice_groups():
         options = ModelOptions(order=picked.get("order", ModelOptions().order))
@@ -448,6 +501,8 @@ class Assessment(Records[Option]):
         frame = self.ensemble.draws_frame(topology, chip)
         rows = []
         for spread in self.ensemble.spreads:
+            if spread.kernel not in ("", DEFAULT_KERNEL):  # the programs run splash
+                continue
             effect = _rank_correlation(frame[spread.name].to_numpy(dtype=float), ratio)
             rows.append({"name": spread.name, "kind": "constant", "effect": effect,
                          "detail": f"rank correlation with {other.label} / plan"})

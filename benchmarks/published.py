@@ -1223,7 +1223,7 @@ def _spread_text(spread: uncertainty.Spread) -> str:
     """``name low..high`` (``x low..high`` of the default where relative)."""
     scale = "x" if spread.relative else ""
     only = f" on {', '.join(spread.generations)}" if spread.generations else ""
-    return f"{spread.name} {scale}{spread.low:.3g}..{scale}{spread.high:.3g}{only}"
+    return f"{spread.label} {scale}{spread.low:.3g}..{scale}{spread.high:.3g}{only}"
 
 
 def calibration(pairs: Sequence[RunPair], rows: Sequence[dict[str, Any]],

@@ -14,10 +14,13 @@ from aoizora_lab.hardware import GENERATIONS, chip_spec
 from aoizora_lab.hlo import parse_hlo
 from aoizora_lab.uncertainty import (
     CHOICES,
+    DEFAULT_KERNEL,
+    KERNELS,
     SPREADS,
     Assessment,
     Ensemble,
     Option,
+    Spread,
     odds,
     price,
     sources,
@@ -165,13 +168,38 @@ def test_the_drivers_name_what_moves_the_speedup_with_its_direction():
 def test_every_default_lies_in_its_spread_and_every_spread_names_a_source():
     for spread in SPREADS:
         assert len(spread.source) > 40, spread.name
+        if spread.kernel not in ("", DEFAULT_KERNEL):  # the default is the splash kernel's
+            continue
         for generation in spread.generations or GENERATIONS:
             default = chip_spec(generation, calibrated=False)
             value = getattr(default, spread.name, getattr(ModelOptions(), spread.name, None))
             scale = value if spread.relative else 1.0
             assert spread.low * scale <= value <= spread.high * scale, (spread.name, generation)
     frame = sources()
-    assert set(frame["name"]) == {s.name for s in SPREADS} | {c.name for c in CHOICES}
+    assert set(frame["name"]) == {s.label for s in SPREADS} | {c.name for c in CHOICES}
+    assert {s.kernel for s in SPREADS if s.name == "attention_efficiency"} == set(KERNELS)
+
+
+def test_each_attention_kernel_draws_its_own_efficiency():
+    ensemble = Ensemble(count=64)
+    by_kernel = {k: ensemble.constants(TOPOLOGY, kernel=k) for k in KERNELS}
+    spreads = {s.kernel: s for s in SPREADS if s.name == "attention_efficiency"}
+    for kernel, constants in by_kernel.items():
+        drawn = constants.attention_efficiency
+        assert spreads[kernel].low <= drawn.min() and drawn.max() <= spreads[kernel].high
+        # the other constants are the same draws whatever the kernel
+        assert np.array_equal(constants.hbm_efficiency, by_kernel["splash"].hbm_efficiency)
+    # independent draws: the kernels' efficiencies do not move together
+    ranks = [np.argsort(np.argsort(by_kernel[k].attention_efficiency)) for k in KERNELS]
+    assert abs(np.corrcoef(ranks[0], ranks[1])[0, 1]) < 0.5
+    frame = ensemble.draws_frame(TOPOLOGY, kernel="tokamax")
+    assert np.array_equal(frame["attention_efficiency"], by_kernel["tokamax"].attention_efficiency)
+    with pytest.raises(AoizoraError, match=r"kernel='flash'.*splash"):
+        ensemble.constants(TOPOLOGY, kernel="flash")
+    with pytest.raises(AoizoraError, match="names its kernel"):
+        Spread("attention_efficiency", 0.3, 0.4, source="x")
+    with pytest.raises(AoizoraError, match="names its kernel"):
+        Spread("hbm_efficiency", 0.3, 0.4, source="x", kernel="splash")
 
 
 def test_a_calibrated_constant_is_known_and_not_drawn_even_at_its_default(
