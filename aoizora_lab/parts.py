@@ -454,7 +454,8 @@ class PricedPart:
 
     @property
     def seconds(self) -> float:
-        return self.predicted.total_s if self.predicted else math.inf
+        """Its predicted seconds per call (NaN where it did not compile)."""
+        return self.predicted.total_s if self.predicted else math.nan
 
 
 class PricedParts(Records[PricedPart]):
@@ -465,8 +466,7 @@ class PricedParts(Records[PricedPart]):
 
     def row(self, item: PricedPart) -> dict[str, Any]:
         p = item.predicted
-        return {"part": item.part.name, "status": item.status,
-                "seconds": p.total_s if p else math.nan,
+        return {"part": item.part.name, "status": item.status, "seconds": item.seconds,
                 "compute_s": p.compute_s if p else math.nan,
                 "comm_s": p.comm_s if p else math.nan,
                 "hbm_gib": item.hbm_bytes / 2**30,

@@ -27,7 +27,7 @@ uncertainty could reverse the answer, and the table says so.
 
 The attention kernel's efficiency is a constant per kernel (:data:`KERNELS`): every program
 compiled here runs jax's splash attention (:data:`DEFAULT_KERNEL`), while a published run may
-have run another (Tokamax's on TPU7x, MaxDiffusion's fused ring kernel), so each kernel has
+have run another (Tokamax's, MaxDiffusion's own ring kernel), so each kernel has
 its own spread, drawn independently, and :meth:`Ensemble.constants` takes the kernel a
 program stands for. A kernel's spread need not hold the chip's default efficiency, which is
 the splash kernel's.
@@ -139,12 +139,13 @@ class Choice:
 
 KERNELS: dict[str, str] = {
     "splash": "jax's Pallas splash attention (jax.experimental.pallas.ops.tpu."
-              "splash_attention): every program compiled here, and MaxDiffusion's flash "
-              "attention on v5e / v6e",
-    "tokamax": "Tokamax's splash kernel (openxla/tokamax, Pallas Mosaic TPU): MaxDiffusion's "
-               "flash and tokamax_flash attention on TPU7x",
-    "ring-custom": "MaxDiffusion's ulysses_ring_custom, a splash ring kernel with the ring hop "
-                   "inside (AI-Hypercomputer/maxdiffusion PR #430)",
+              "splash_attention): every program compiled here, and MaxDiffusion's flash and "
+              "ulysses attention on every generation",
+    "tokamax": "Tokamax's splash kernel (openxla/tokamax; copied into maxdiffusion/kernels/"
+               "splash_attention by its PR #359): MaxDiffusion's tokamax_flash, and per ring hop "
+               "its tokamax_ring and ulysses_ring",
+    "ring-custom": "MaxDiffusion's own splash ring kernel (kernels/custom_splash_attention.py): "
+                   "its ulysses_ring_custom (PR #430)",
 }
 """The attention kernels with an efficiency of their own (module docstring)."""
 DEFAULT_KERNEL = "splash"

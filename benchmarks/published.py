@@ -43,7 +43,14 @@ from aoizora_lab.hardware import EFFICIENCY_SOURCES, chip_spec
 from aoizora_lab.hlo import CommProgram
 from aoizora_lab.models.wan import PRESETS, WanConfig
 from aoizora_lab.topology import Topology, parse_slice_name
-from aoizora_lab.uncertainty import DEFAULT_ENSEMBLE, QUANTILES, SPREADS, Ensemble
+from aoizora_lab.uncertainty import (
+    DEFAULT_ENSEMBLE,
+    DEFAULT_KERNEL,
+    KERNELS,
+    QUANTILES,
+    SPREADS,
+    Ensemble,
+)
 from aoizora_lab.workload import Workload
 
 DIFFERENCE_PERCENT = 35.0
@@ -118,8 +125,13 @@ DIFFERENCES = (
     "`ring`, `ulysses_ring` with `ulysses_shards` U as Ulysses U inside x ring across), and "
     "the cost model prices a Pallas attention kernel by its FLOPs at one "
     "`attention_efficiency` (the compiler gives no estimate for it), so tile sizes, fused "
-    "ring kernels and softmax changes are invisible to it: PR #452's pair (a softmax change "
-    "inside the kernel) rebuilds to one program twice and is not modelled. The rebuilds "
+    "ring kernels and softmax changes are invisible to the point predictions: PR #452's pair "
+    "(a softmax change inside the kernel) rebuilds to one program twice and is not modelled. "
+    "The ensemble below draws each published kernel's efficiency from its own range "
+    "(`uncertainty.KERNELS`, the runs' `kernel`: jax's splash for MaxDiffusion's `flash` and "
+    "`ulysses`, Tokamax's for the README's Tokamax Flash and Tokamax Ring rows, its own ring "
+    "kernel for `ulysses_ring_custom`), independently, so a pair of two kernels no longer "
+    "shares one efficiency. The rebuilds "
     "compile with the README's `LIBTPU_INIT_ARGS` for the kernel (`flags`: "
     "`maxdiffusion-wan`, asynchronous collective fusion and compute / collective overlap; "
     "every recipe with Ulysses shards `maxdiffusion-ulysses`, which adds "
@@ -192,6 +204,14 @@ class Run:
     attention=flash``."""
     steps: int
     published_s: float
+    kernel: str = DEFAULT_KERNEL
+    """The attention kernel the published run ran (a key of ``uncertainty.KERNELS``): its
+    efficiency is drawn from that kernel's spread, whatever kernel the rebuild runs."""
+
+    def __post_init__(self) -> None:
+        if self.kernel not in KERNELS:
+            raise ValueError(f"Run {self.label!r}: kernel={self.kernel!r}; kernels are "
+                             f"{list(KERNELS)}.")
 
     @property
     def key(self) -> tuple[str, str]:
@@ -272,6 +292,11 @@ V7X16_WAN21_FLASH, V7X16_WAN21_RING = 127.1, 137.2
 V7X8_WAN22_FLASH, V7X8_WAN22_RING = 194.4, 201.7  # 40 steps
 V7X16_WAN22_FLASH, V7X16_WAN22_RING = 106.0, 137.5
 README_FLASH_IS_TOKAMAX = "published with Tokamax flash / ring kernels; rebuilt with splash"
+# The README's ring table names its rows "Tokamax Flash" and "Tokamax Ring" (attention=
+# tokamax_flash / tokamax_ring): Tokamax's splash kernel, per ring hop for the ring. Its flash
+# and ulysses modes (PR #376, the Ulysses section) run jax's splash; ulysses_ring_custom runs
+# MaxDiffusion's own ring kernel (attention_flax.py at 7cfb880).
+TOKAMAX, RING_CUSTOM = "tokamax", "ring-custom"
 # PR #430, Results, "Compared with previous best config", "For dp2-cp4 on v7x-8":
 # "TIMING SUMMARY (2D Ring, U=2, R=2)": "Inference: 116.0s", "Denoise Total: 109.8s";
 # "TIMING SUMMARY (Ulysses)": "Inference: 126.9s", "Denoise Total: 122.6s" ("a 11% speedup
@@ -305,8 +330,8 @@ def readme_ring(slice_label: str, case: str, ring: str, flash: str, release: str
     """A row of the README's ring table as a ring / flash pair."""
     return RunPair(f"README {slice_label} {release} ring / flash", README,
                    f"{release} 720p 81 frames, {steps} steps",
-                   Run("ring", case, ring, steps, ring_s),
-                   Run("flash", case, flash, steps, flash_s),
+                   Run("ring", case, ring, steps, ring_s, TOKAMAX),
+                   Run("flash", case, flash, steps, flash_s, TOKAMAX),
                    note=README_FLASH_IS_TOKAMAX + caveat)
 
 
@@ -315,8 +340,8 @@ def readme_scaling(release: str, workload: str, steps: int, v7x8_s: float,
     """The README's flash runs on v7x-8 and v7x-16 as a scaling pair."""
     return RunPair(f"README v7x-8 -> v7x-16 scaling, {release} flash", README,
                    f"{release} 720p 81 frames, {steps} steps, dp2 x context 4 -> 8",
-                   Run("v7x-8", f"{workload}/{V7X8}", FLASH4, steps, v7x8_s),
-                   Run("v7x-16", f"{workload}/{V7X16}", FLASH8, steps, v7x16_s),
+                   Run("v7x-8", f"{workload}/{V7X8}", FLASH4, steps, v7x8_s, TOKAMAX),
+                   Run("v7x-16", f"{workload}/{V7X16}", FLASH8, steps, v7x16_s, TOKAMAX),
                    difference=False, note=README_FLASH_IS_TOKAMAX)
 
 
@@ -350,17 +375,18 @@ PAIRS: tuple[RunPair, ...] = (
     RunPair("PR #430 v7x-8 Ulysses / 2D ring (U=2, R=2)", PR_430,
             "Wan2.2 T2V A14B 720p 81 frames, 40 steps, dp2 x cp4 (2D ring: ring 2 x Ulysses 2)",
             Run("ulysses", f"{WAN22_T2V}/{V7X8}", ULYSSES4, 40, PR430_ULYSSES_DENOISE),
-            Run("2D ring", f"{WAN22_T2V}/{V7X8}", ULYSSES_RING4, 40, PR430_2D_RING_DENOISE),
+            Run("2D ring", f"{WAN22_T2V}/{V7X8}", ULYSSES_RING4, 40, PR430_2D_RING_DENOISE,
+                RING_CUSTOM),
             timed=DENOISE_LOOP,
             note="denoise totals; 2D ring published with ulysses_ring_custom (custom splash "
-                 "ring kernel), Ulysses as the 'best Ulysses config' (kernel not named); "
-                 "steps from base_wan_27b.yml"),
+                 "ring kernel), Ulysses as the 'best Ulysses config' (kernel not named: taken "
+                 "as attention=ulysses, jax's splash); steps from base_wan_27b.yml"),
     RunPair("PR #452 v7x-8 2D ring online / fixed-m softmax", PR_452,
             "Wan2.2 T2V 720p 81 frames, 40 steps, dp2 x (ring 2 x Ulysses 2)",
             Run("ulysses_ring_custom", f"{WAN22_T2V}/{V7X8}", ULYSSES_RING4, 40,
-                PR452_ONLINE_DENOISE),
+                PR452_ONLINE_DENOISE, RING_CUSTOM),
             Run("ulysses_ring_custom_fixed_m", f"{WAN22_T2V}/{V7X8}", ULYSSES_RING4, 40,
-                PR452_FIXED_M_DENOISE),
+                PR452_FIXED_M_DENOISE, RING_CUSTOM),
             timed=DENOISE_LOOP,
             not_modelled="a change inside the attention kernel (softmax, tile sizes): both "
                          "runs rebuild to one program",
@@ -393,7 +419,8 @@ class RangeSource:
 
     def describe(self) -> str:
         """``ici_efficiency low end 0.83 (from <measurement>)``."""
-        spread = next(s for s in SPREADS if s.name == self.spread)
+        spread = next(s for s in SPREADS if s.name == self.spread
+                      and s.kernel in ("", DEFAULT_KERNEL))
         value = {"low": f" end {spread.low:g}", "high": f" end {spread.high:g}",
                  "default": ", chip_spec's value"}[self.bound]
         return f"{self.spread} {self.bound}{value} (from {self.measurement})"
@@ -540,9 +567,10 @@ class RunPrediction:
     """Its attention kernels' time at efficiency 1 (``measure.compute_terms``)."""
     fixed_s: float = 0.0
     """What of its step no efficiency changes (exposed comm, compiler-estimated ops)."""
-    draws: np.ndarray | None = field(default=None, compare=False, repr=False)
-    """Its step under every draw of an ensemble (:func:`aoizora_lab.uncertainty.price`), or
-    ``None`` where none was asked for."""
+    draws: Mapping[str, np.ndarray] | None = field(default=None, compare=False, repr=False)
+    """Per attention kernel (``uncertainty.KERNELS``: the published run's decides which is
+    read), its step under every draw of an ensemble (:func:`aoizora_lab.uncertainty.price`),
+    or ``None`` where none was asked for."""
 
 
 Predictor = Callable[[Iterable[tuple[str, str]]], Mapping[tuple[str, str], RunPrediction]]
@@ -604,8 +632,9 @@ def compiling_predictor(*, num_layers: int | None = 2, cache_dir: str | Path | N
                     continue
                 terms = compute_terms(result.program, topology, setup.placement,
                                       compute_model=compute_model)
-                draws = (None if ensemble is None else uncertainty.price(
-                    result.program, topology, setup.placement, ensemble))
+                draws = (None if ensemble is None else {kernel: uncertainty.price(
+                    result.program, topology, setup.placement, ensemble, kernel=kernel)
+                    for kernel in KERNELS})
                 out[(spec, recipe)] = RunPrediction(
                     predict(result.program, topology, setup.placement,
                             compute_model=compute_model),
@@ -687,7 +716,8 @@ def run_row(pair: RunPair, run: Run, prediction: RunPrediction,
     generation adds ``vae``, MaxDiffusion's VAE programs priced as parts, where given: the
     decode and, for image-to-video, the condition video's encode)."""
     row: dict[str, Any] = {"measurement": pair.key, "run": run.label, "case": run.case,
-                           "recipe": run.recipe, "candidate": prediction.candidate,
+                           "recipe": run.recipe, "kernel": run.kernel,
+                           "candidate": prediction.candidate,
                            "flags": prediction.flags, "placement": prediction.placement,
                            "timed": pair.timed, "steps": run.steps,
                            "published_s": run.published_s}
@@ -707,7 +737,7 @@ def run_row(pair: RunPair, run: Run, prediction: RunPrediction,
     else:
         decode_s, video_encode_s = (
             math.nan if vae is None else 0.0 if role not in vae  # no such part: nothing to add
-            else vae[role].seconds if vae[role].ok else math.nan
+            else vae[role].seconds
             for role in ("decode", "video_encode"))
     tpu = dit + decode_s + video_encode_s
     return row | {"status": "ok", "compute_s": p.compute_s, "comm_s": p.comm_s,
@@ -946,7 +976,8 @@ def drivers(draws: np.ndarray, frame: pd.DataFrame, ensemble: Ensemble) -> list[
     if len(draws) != len(frame):
         raise ValueError(f"{len(draws)} draws against an ensemble of {len(frame)}: price every "
                          "run with the ensemble the check is given.")
-    columns = {s.name: frame[s.name] for s in ensemble.spreads}
+    columns = {name: frame[name] for s in ensemble.spreads
+               for name in (s.label, s.name) if name in frame}
     columns |= {c.name: frame[c.name].map(c.values.index) for c in ensemble.choices}
     ranks = pd.DataFrame(columns).rank()
     ranks = ranks.loc[:, ranks.nunique() > 1]  # a constant not drawn here moves nothing
@@ -1002,6 +1033,18 @@ def inside_diluted(published: float, found: Mapping[str, float]) -> bool:
 DILUTED_NOTE = "whole-run ratio: diluted toward 1 by the non-DiT time (`inside_diluted`)"
 
 
+def kernel_frame(ensemble: Ensemble, topology: Topology, kernels: Iterable[str]
+                 ) -> pd.DataFrame:
+    """:meth:`Ensemble.draws_frame` with one attention-efficiency column per kernel the runs
+    ran, named by its spread's label (``attention_efficiency (tokamax)``): two kernels are
+    drawn independently, so each moves its own run."""
+    frame = ensemble.draws_frame(topology).drop(columns="attention_efficiency")
+    for kernel in dict.fromkeys(kernels):
+        frame[f"attention_efficiency ({kernel})"] = ensemble.draws_frame(
+            topology, kernel=kernel)["attention_efficiency"]
+    return frame
+
+
 def pair_calibration(pairs: Sequence[RunPair], rows: Sequence[dict[str, Any]],
                      predictions: Mapping[tuple[str, str], RunPrediction], ensemble: Ensemble,
                      topology_of: Callable[[str], Topology], sources: Sequence[RangeSource]
@@ -1015,7 +1058,9 @@ def pair_calibration(pairs: Sequence[RunPair], rows: Sequence[dict[str, Any]],
         a, b = predictions[pair.a.key].draws, predictions[pair.b.key].draws
         if a is None or b is None:
             continue
-        frame = ensemble.draws_frame(topology_of(pair.a.case.rpartition("/")[2]))
+        a, b = a[pair.a.kernel], b[pair.b.kernel]
+        frame = kernel_frame(ensemble, topology_of(pair.a.case.rpartition("/")[2]),
+                             (pair.a.kernel, pair.b.kernel))
         setby = range_from(measured[row["prediction"]], sources)
         for kind, draws in pair_draws(pair, a, b).items():
             published, point = ((row["published_diff_s"], row["predicted_diff_s"])
@@ -1202,7 +1247,11 @@ def pulls(to_reach: Iterable[str]) -> str:
     ways: dict[str, dict[str, int]] = {}
     for cell in to_reach:
         for item in filter(None, cell.split(", ")):
-            name, _, way = item.partition(" ")
+            name, toward, alternative = item.partition(" toward ")
+            if not toward:  # "name higher" / "name lower"; a label may hold spaces
+                name, _, way = item.rpartition(" ")
+            else:
+                way = f"toward {alternative}"
             ways.setdefault(name, {}).setdefault(way, 0)
             ways[name][way] += 1
     if not ways:
@@ -1350,7 +1399,8 @@ class PublishedCheck:
             "`tpu_error_pct` against the published time and `host_left_s` what that leaves "
             "for the host (MaxDiffusion encodes the text on the host CPU in PyTorch, '~10 s "
             "per call' by its code's comments, twice with CFG; loading and copying the video "
-            "out), which nothing here models:",
+            "out), which nothing here models; `kernel`: the attention kernel the published run "
+            "ran (`uncertainty.KERNELS`), whose efficiency its draws take:",
             markdown_table(self.runs),
             floor_summary(self.runs),
             *([f"The compute models compared (`--compute-model`; `{DEFAULT_COMPUTE_MODEL}` "
@@ -1367,7 +1417,7 @@ COMPARISON_COLUMNS = ("measurement", "prediction", "compared", "attention", "tim
                       "diff_within_target", "published_ratio", "predicted_ratio",
                       "ratio_error_pct", "ratio_right_side", "ratio_within_target", "status",
                       "note", "source")
-RUN_COLUMNS = ("measurement", "run", "case", "recipe", "candidate", "flags", "placement",
+RUN_COLUMNS = ("measurement", "run", "case", "recipe", "kernel", "candidate", "flags", "placement",
                "status", "timed", "steps", "published_s", "compute_s", "comm_s",
                "exposed_comm_s", "step_s", "dit_s", "implied_non_dit_s",
                "attention_efficiency_floor", "decode_s", "video_encode_s", "vae_status",

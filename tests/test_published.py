@@ -363,7 +363,8 @@ def _drawing_predictor(draws_of):
     def run(runs):
         return {(case, recipe): published.RunPrediction(
             Predicted(float(np.median(draws_of[recipe])), 0.0,
-                      float(np.median(draws_of[recipe]))), "order", draws=draws_of[recipe])
+                      float(np.median(draws_of[recipe]))), "order",
+            draws=dict.fromkeys(az.uncertainty.KERNELS, draws_of[recipe]))
             for case, recipe in runs}
     return run
 
@@ -639,3 +640,42 @@ def test_runs_of_one_program_are_one_prediction():
     ring = [p for p in published.PAIRS if p.key.startswith("README v7x-8 Wan 2.")]
     assert len(ring) == 2 and published.prediction_key(ring[0]) == published.prediction_key(
         ring[1])
+
+
+def test_each_published_run_draws_the_efficiency_of_the_kernel_it_ran():
+    # The README's ring table ran Tokamax's kernels, PR #430's 2D ring MaxDiffusion's own;
+    # flash and ulysses (PR #376, the Ulysses section) jax's splash.
+    kernels = {(p.key, r.label): r.kernel for p in published.PAIRS for r in (p.a, p.b)}
+    assert kernels[("README v7x-8 Wan 2.1 ring / flash", "ring")] == "tokamax"
+    assert kernels[("README v7x-8 Wan 2.1 ring / flash", "flash")] == "tokamax"
+    assert kernels[("PR #430 v7x-8 Ulysses / 2D ring (U=2, R=2)", "2D ring")] == "ring-custom"
+    assert kernels[("PR #376 v6e-8 flash / Ulysses, batch 1", "flash")] == "splash"
+    assert set(kernels.values()) <= set(az.uncertainty.KERNELS)
+    with pytest.raises(ValueError, match=r"kernel='tokamax_flash'.*splash"):
+        published.Run("x", CASE, FLASH, 40, 1.0, "tokamax_flash")
+    # A pair of two kernels reads each run's own draws: tokamax steps twice the splash ones.
+    draws_of = _correlated_draws()
+    steps = {FLASH: draws_of[FLASH], ULYSSES: draws_of[ULYSSES]}
+
+    def predictor(runs):
+        return {(case, recipe): published.RunPrediction(
+            Predicted(1.0, 0.0, 1.0), "order",
+            draws={k: steps[recipe] * (2.0 if k == "tokamax" else 1.0)
+                   for k in az.uncertainty.KERNELS}) for case, recipe in runs}
+
+    pair = published.RunPair("k", "src", "", published.Run("flash", CASE, FLASH, 40, 300.0),
+                             published.Run("ulysses", CASE, ULYSSES, 40, 280.0, "tokamax"))
+    table = published.published_check(predictor, gathers=[], pairs=[pair], topology_of=simulated,
+                                      ensemble=SMALL).calibration.table.set_index("kind")
+    expected = np.median(40 * (steps[FLASH] - 2.0 * steps[ULYSSES]))
+    assert table.loc["difference", "p50"] == pytest.approx(expected)
+    # Its drivers name each kernel's efficiency apart.
+    frame = published.kernel_frame(SMALL, simulated("v6e:2x4"), ("splash", "tokamax"))
+    assert {"attention_efficiency (splash)", "attention_efficiency (tokamax)"} <= set(frame)
+    assert "attention_efficiency" not in frame
+    found = published.drivers(-frame["attention_efficiency (tokamax)"].to_numpy(), frame, SMALL)
+    assert found[0].name == "attention_efficiency (tokamax)" and found[0].effect < -0.95
+    text = published.pulls(["attention_efficiency (tokamax) lower, compute_model toward "
+                            "roofline", "attention_efficiency (tokamax) higher"])
+    assert "attention_efficiency (tokamax) (1 lower, 1 higher)" in text
+    assert "compute_model (1 toward roofline)" in text
