@@ -11,11 +11,17 @@ from aoizora_lab.errors import AoizoraError
 from aoizora_lab.models.safetensors_io import load_safetensors
 from aoizora_lab.models.vae22 import (
     VAE22Config,
+    _avg_down,
     _dup_up,
     abstract_decoder_params,
+    abstract_encoder_params,
     decode,
+    encode,
+    encoder_param_shapes,
     init_decoder_params,
+    latent_shape,
     load_decoder_params,
+    load_encoder_params,
     param_shapes,
     video_shape,
 )
@@ -123,3 +129,56 @@ def test_config_errors_quote_the_value_and_the_fix():
         VAE22Config(dim_mult=(1, 1, 3, 3))
     with pytest.raises(AoizoraError, match=r"dec_dim=0"):
         VAE22Config(dec_dim=0)
+
+
+ENCODER_FIXTURE = FIXTURE.with_name("wan22_vae_encoder_tiny.safetensors")
+
+
+@pytest.fixture(scope="module")
+def official_encoder():
+    """The tiny official encoder: config, float32 parameters and the golden tensors."""
+    meta = json.loads(ENCODER_FIXTURE.with_suffix(".json").read_text())
+    tensors = load_safetensors(ENCODER_FIXTURE)
+    config = VAE22Config(**meta["config"])
+    return config, load_encoder_params(tensors, config), tensors
+
+
+@pytest.mark.parametrize("chunk", [None, 1, 2])
+def test_encode_matches_the_official_chunked_encode(official_encoder, chunk):
+    """All frames at once, streamed as the official code (the first frame, then 4 at a time)
+    and 8 at a time (a padded last chunk): the same latent; and one frame alone, as TI2V-5B
+    encodes its image."""
+    config, params, tensors = official_encoder
+    run = jax.jit(lambda p, v: encode(p, v, config, chunk=chunk))
+    for video, golden in (("input.video", "output.mu"), ("input.image", "output.image_mu")):
+        frames = jnp.asarray(tensors[video])
+        mu, expected = np.asarray(run(params, frames)), tensors[golden]
+        assert mu.shape == expected.shape == latent_shape(config, frames.shape)
+        assert np.linalg.norm(mu - expected) / np.linalg.norm(expected) < 1e-5, golden
+    assert tensors["output.mu"].shape == (2, 48, 3, 2, 3)
+
+
+def test_the_shortcut_averages_time_pairs_after_a_zero_frame_in_front():
+    # AvgDown3D on 3 frames halving time: [0, f0], [f1, f2]; channels 2 -> 1 in one group
+    x = jnp.arange(1.0, 1.0 + 2 * 3 * 2 * 2).reshape(1, 2, 3, 2, 2)
+    out = np.asarray(_avg_down(x, 1, 2, 2))
+    assert out.shape == (1, 1, 2, 1, 1)
+    assert out[0, 0, 0, 0, 0] == pytest.approx(float(x[:, :, 0].sum()) / 16)  # half zeros
+    assert out[0, 0, 1, 0, 0] == pytest.approx(float(x[:, :, 1:].mean()))
+
+
+def test_encoder_shapes_and_errors_name_the_bad_value():
+    config = VAE22Config.wan22()
+    image = jax.eval_shape(lambda p, v: encode(p, v, config), abstract_encoder_params(config),
+                           jax.ShapeDtypeStruct((1, 3, 1, 704, 1280), jnp.bfloat16))
+    assert image.shape == latent_shape(config, (1, 3, 1, 704, 1280)) == (1, 48, 1, 44, 80)
+    assert latent_shape(config, (1, 3, 121, 704, 1280)) == (1, 48, 31, 44, 80)
+    assert video_shape(config, (1, 48, 31, 44, 80)) == (1, 3, 121, 704, 1280)
+    with pytest.raises(AoizoraError, match=r"\(1, 3, 1, 700, 1280\).*multiples of 16"):
+        latent_shape(config, (1, 3, 1, 700, 1280))
+    with pytest.raises(AoizoraError, match=r"chunk=0"):
+        encode(abstract_encoder_params(config), jnp.zeros((1, 3, 1, 16, 16)), config, chunk=0)
+    with pytest.raises(AoizoraError, match=r"VAE22Config.dim=0"):
+        VAE22Config(dim=0)
+    assert not set(encoder_param_shapes(config)) & set(param_shapes(config))
+    assert encoder_param_shapes(config)["encoder.conv1.weight"] == (160, 12, 3, 3, 3)

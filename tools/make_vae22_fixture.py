@@ -1,4 +1,5 @@
-"""Generate the Wan 2.2 VAE decoder golden fixture (tests/data/wan22_vae_tiny.*) with torch.
+"""Generate the Wan 2.2 VAE decoder golden fixture (tests/data/wan22_vae_tiny.*) and, with
+``--encoder``, the encoder's (tests/data/wan22_vae_encoder_tiny.*) with torch.
 
 One-off: needs torch, einops, safetensors and numpy in a throwaway environment (never the
 project's), e.g. ``python3 -m venv /tmp/torchenv && /tmp/torchenv/bin/pip install torch einops
@@ -10,7 +11,11 @@ official classes copied verbatim below, randomises every decoder parameter with 
 and runs the official frame-by-frame ``WanVAE_.decode`` (un-normalise, ``conv2``, one latent
 frame at a time through ``Decoder3d`` with ``feat_cache`` and ``first_chunk``, ``unpatchify``)
 followed by ``Wan2_2_VAE.decode``'s ``.float().clamp_(-1, 1)``, one sample at a time as
-``Wan2_2_VAE.decode`` does.
+``Wan2_2_VAE.decode`` does. With ``--encoder`` it randomises the encoder's parameters
+(``encoder.*``, ``conv1.*``) and runs the official ``WanVAE_.encode`` (``patchify``, the first
+frame alone, then 4 frames at a time with ``feat_cache``; ``conv1``; the mean half
+normalised) on a video and on single frames, as TI2V-5B encodes its image
+(``textimage2video.py``: ``self.vae.encode([img])`` with ``img`` ``[3, 1, H, W]``).
 """
 
 # The block between the VERBATIM markers is the official code, unmodified, hence its style.
@@ -927,8 +932,10 @@ OUT = Path(__file__).resolve().parents[1] / "tests" / "data"
 NAME = "wan22_vae_tiny"
 
 
-def randomise(model: nn.Module) -> dict[str, torch.Tensor]:
-    """Every decoder parameter random, so that none is left at an identity-like init.
+def randomise(model: nn.Module, prefixes: tuple[str, ...] = ("decoder.", "conv2.")
+              ) -> dict[str, torch.Tensor]:
+    """Every parameter under ``prefixes`` random, so that none is left at an identity-like
+    init.
 
     The official init leaves RMS_norm gammas at 1 and the attention ``proj`` at 0; a fixture
     with those would not test them.
@@ -936,7 +943,7 @@ def randomise(model: nn.Module) -> dict[str, torch.Tensor]:
     params = {}
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if not name.startswith(("decoder.", "conv2.")):
+            if not name.startswith(prefixes):
                 continue
             if name.endswith(".gamma"):
                 p.copy_(1.0 + GAMMA_STD * torch.randn_like(p))
@@ -1073,5 +1080,71 @@ def main() -> None:
           f"stats {meta['output_stats']}; numpy {np.__version__}", file=sys.stderr)
 
 
+ENCODER_NAME = "wan22_vae_encoder_tiny"
+ENCODER_PARAM_SEED = 1
+ENCODER_INPUT_SEED = 11
+# [B, 3, 1 + 4 k, H, W]: chunks of 1, 4, 4 frames; H, W multiples of 16 (3 halvings and the
+# 2 x 2 patchify), H != W
+VIDEO_SHAPE = (2, 3, 9, 32, 48)
+IMAGE_SHAPE = (2, 3, 1, 32, 48)  # single frames, as TI2V-5B encodes its image
+
+
+def main_encoder() -> None:
+    torch.manual_seed(ENCODER_PARAM_SEED)
+    model = WanVAE_(**MODEL_ARGS, dropout=0.0).eval()
+    params = randomise(model, ("encoder.", "conv1."))
+    torch.manual_seed(ENCODER_INPUT_SEED)
+    video = torch.rand(VIDEO_SHAPE) * 2 - 1
+    image = torch.rand(IMAGE_SHAPE) * 2 - 1
+    scale = [torch.tensor(MEAN, dtype=torch.float32), 1.0 / torch.tensor(STD, dtype=torch.float32)]
+    latents, features, images = [], [], []
+    with torch.no_grad():
+        for u in video:
+            chunks, handles = record({"encoder": model.encoder})
+            latents.append(model.encode(u.unsqueeze(0), scale).float())  # Wan2_2_VAE.encode
+            for h in handles:
+                h.remove()
+            features.append(torch.cat(chunks["encoder"], 2))
+        images = [model.encode(u.unsqueeze(0), scale).float() for u in image]
+    mu = torch.cat(latents)
+    image_mu = torch.cat(images)
+    tensors = {**params, "input.video": video, "output.mu": mu,
+               "intermediate.encoder": torch.cat(features), "input.image": image,
+               "output.image_mu": image_mu}
+    save_file({k: v.contiguous() for k, v in tensors.items()}, OUT / f"{ENCODER_NAME}.safetensors")
+    config = {k: v for k, v in MODEL_ARGS.items() if k != "attn_scales"}
+    meta = {
+        "description": ("Golden reference from the official Wan2.2 PyTorch video VAE encoder "
+                        f"(github.com/{WAN22_REPO}, {WAN22_PATH}; the VAE of TI2V-5B) for a tiny "
+                        "random encoder."),
+        "wan22_repo": WAN22_REPO,
+        "wan22_commit": WAN22_COMMIT,
+        "wan22_path": WAN22_PATH,
+        "generator": "tools/make_vae22_fixture.py --encoder (official classes copied verbatim)",
+        "torch_version": torch.__version__,
+        "model_args": MODEL_ARGS,
+        "config": {**config, "latent_mean": MEAN, "latent_std": STD},
+        "param_seed": ENCODER_PARAM_SEED,
+        "input_seed": ENCODER_INPUT_SEED,
+        "dtype": "float32",
+        "init": "As the decoder fixture's, for the 'encoder.*' / 'conv1.*' parameters.",
+        "inputs": ("torch.manual_seed(input_seed); input.video = torch.rand(video_shape) * 2 - "
+                   "1; then input.image = torch.rand(image_shape) * 2 - 1"),
+        "encode": ("For each sample u: WanVAE_.encode(u.unsqueeze(0), scale=[mean, 1/std]) "
+                   "(patchify(x, 2); Encoder3d on the first frame, then 4 frames at a time with "
+                   "feat_cache; conv1; mu = first z_dim channels; (mu - mean) * (1/std)), "
+                   ".float() as Wan2_2_VAE.encode; torch.no_grad(). output.image_mu: the same "
+                   "on each one-frame input.image."),
+        "param_keys": {k: list(v.shape) for k, v in params.items()},
+        "input_keys": {"input.video": list(video.shape), "input.image": list(image.shape)},
+        "output_keys": {"output.mu": list(mu.shape), "output.image_mu": list(image_mu.shape)},
+        "intermediate_notes": {"intermediate.encoder": "Encoder3d's output (2 z_dim channels), "
+                               "chunks concatenated in time, before conv1"},
+    }
+    (OUT / f"{ENCODER_NAME}.json").write_text(json.dumps(meta, indent=1) + "\n")
+    print(f"video {tuple(video.shape)} -> mu {tuple(mu.shape)}; image -> "
+          f"{tuple(image_mu.shape)}", file=sys.stderr)
+
+
 if __name__ == "__main__":
-    main()
+    main_encoder() if sys.argv[1:] == ["--encoder"] else main()

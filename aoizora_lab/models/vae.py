@@ -210,7 +210,7 @@ def param_shapes(config: VAEConfig) -> dict[str, tuple[int, ...]]:
     conv_shapes(shapes, "conv2", z, z, (1, 1, 1))
     conv_shapes(shapes, "decoder.conv1", z, mid, (3, 3, 3))
     for layer in middle_layers(mid) + _upsample_layers(config):
-        _LAYER_SHAPES[layer.kind](shapes, layer)
+        LAYER_SHAPES[layer.kind](shapes, layer)
     out = _out_width(config)
     shapes["decoder.head.0.gamma"] = (out, 1, 1, 1)
     conv_shapes(shapes, "decoder.head.2", out, 3, (3, 3, 3))
@@ -248,9 +248,10 @@ def upsample_shapes(shapes: dict, layer: Layer) -> None:
         conv_shapes(shapes, f"{layer.name}.time_conv", layer.in_dim, layer.in_dim, (3, 1, 1))
 
 
-_LAYER_SHAPES = {"residual": residual_shapes, "attention": attention_shapes,
-                 "upsample2d": upsample_shapes, "upsample3d": upsample_shapes,
-                 "downsample2d": upsample_shapes, "downsample3d": upsample_shapes}
+LAYER_SHAPES = {"residual": residual_shapes, "attention": attention_shapes,
+                "upsample2d": upsample_shapes, "upsample3d": upsample_shapes,
+                "downsample2d": upsample_shapes, "downsample3d": upsample_shapes}
+"""Each official module kind's parameter shapes (both Wan VAEs' resamplers have the same)."""
 
 
 def time_factor(config: VAEConfig) -> int:
@@ -579,7 +580,7 @@ def encoder_param_shapes(config: VAEConfig) -> dict[str, tuple[int, ...]]:
     shapes: dict[str, tuple[int, ...]] = {}
     conv_shapes(shapes, "encoder.conv1", 3, config.dim, (3, 3, 3))
     for layer in _encoder_layers(config) + middle_layers(mid, "encoder"):
-        _LAYER_SHAPES[layer.kind](shapes, layer)
+        LAYER_SHAPES[layer.kind](shapes, layer)
     shapes["encoder.head.0.gamma"] = (mid, 1, 1, 1)
     conv_shapes(shapes, "encoder.head.2", mid, z2, (3, 3, 3))
     conv_shapes(shapes, "conv1", z2, z2, (1, 1, 1))
@@ -642,22 +643,41 @@ def encode(params: Params, video: jax.Array, config: VAEConfig, *,
     convs' cache (:func:`streamed`).
     """
     _check_video_shape(config, tuple(video.shape))
+    keep = constrain or (lambda a: a)
+
+    def blocks(x: jax.Array, stream: Stream | None) -> jax.Array:
+        for layer in _encoder_layers(config):
+            x = keep(FORWARD[layer.kind](x, params, layer, stream))
+        return x
+
+    return encoder_ends(params, video, config, keep, chunk, blocks, _middle_width(config))
+
+
+def encoder_ends(params: Params, x: jax.Array, config: Any, keep: Callable[[jax.Array],
+                 jax.Array], chunk: int | None,
+                 blocks: Callable[[jax.Array, Stream | None], jax.Array], width: int
+                 ) -> jax.Array:
+    """What both Wan VAEs' encoders share around their ``blocks`` (Wan 2.2: on the patchified
+    video): ``encoder.conv1`` in; after the blocks the ``width``-wide middle and the head (RMS
+    norm, SiLU, ``encoder.head.2``); all at once or streamed as the official encode (``chunk``
+    latent frames a step after the first frame, :func:`streamed`); then ``conv1`` and the mean
+    half, normalised with the config's ``latent_mean`` / ``latent_std``; ``keep`` after each
+    step."""
     if chunk is not None and not is_whole(chunk):
         raise AoizoraError(
             f"chunk={chunk!r} must be a positive number of latent frames, or None to encode "
             "every frame at once; the official encode uses 1 (4 video frames a step)."
         )
-    keep = constrain or (lambda a: a)
 
     def encoder(x: jax.Array, stream: Stream | None) -> jax.Array:
-        x = keep(causal_conv(x, params, "encoder.conv1", stream))
-        for layer in _encoder_layers(config) + middle_layers(_middle_width(config), "encoder"):
+        x = blocks(keep(causal_conv(x, params, "encoder.conv1", stream)), stream)
+        for layer in middle_layers(width, "encoder"):
             x = keep(FORWARD[layer.kind](x, params, layer, stream))
         x = jax.nn.silu(rms_norm(x, params["encoder.head.0.gamma"]))
         return keep(causal_conv(x, params, "encoder.head.2", stream))
 
     frames = None if chunk is None else chunk * time_factor(config)
-    mu = causal_conv(streamed(encoder, video, frames), params, "conv1")[:, :config.z_dim]
+    mu = causal_conv(streamed(encoder, x, frames), params, "conv1")[:, :config.z_dim]
     mean, inv_std = _scale(config.latent_mean, config.latent_std, mu.dtype)
     return keep((mu - mean) * inv_std)  # the official (mu - scale[0]) * scale[1]
 

@@ -1,9 +1,11 @@
-"""Wan 2.2 video VAE decoder (the TI2V-5B VAE) in JAX, faithful to the official ``vae2_2.py``.
+"""Wan 2.2 video VAE (the TI2V-5B VAE) in JAX, faithful to the official ``vae2_2.py``.
 
 Source: github.com/Wan-Video/Wan2.2, ``wan/modules/vae2_2.py`` at commit
 42bf4cfaa384bc21833865abc2f9e6c0e67233dc (``Wan2_2_VAE.decode``, ``WanVAE_.decode``,
-``Decoder3d``, ``Up_ResidualBlock``, ``DupUp3D``, ``unpatchify``); ``tests/data/wan22_vae_tiny.*``
-is a golden output of that code (``tools/make_vae22_fixture.py``). The blocks it shares with
+``Decoder3d``, ``Up_ResidualBlock``, ``DupUp3D``, ``unpatchify``; for :func:`encode`
+``WanVAE_.encode``, ``Encoder3d``, ``Down_ResidualBlock``, ``AvgDown3D``, ``patchify``);
+``tests/data/wan22_vae_tiny.*`` and ``wan22_vae_encoder_tiny.*`` are golden outputs of that
+code (``tools/make_vae22_fixture.py``, ``--encoder``). The blocks it shares with
 Wan 2.1 (causal conv, RMS norm, residual block, attention, ``Resample``) come from
 :mod:`aoizora_lab.models.vae`.
 
@@ -43,12 +45,27 @@ time and space) -> ``[1, 1024, 61, 88, 160]``; level 1 (1024, time and space) ->
 level 3 (512 -> 256) -> ``[1, 256, 121, 352, 640]``; head -> ``[1, 12, 121, 352, 640]``;
 unpatchify -> video ``[1, 3, 121, 704, 1280]``.
 
+:func:`encode` is the way back, a video ``[B, 3, 1 + 4 k, H, W]`` in [-1, 1] to the normalised
+latent ``[B, 48, 1 + k, H / 16, W / 16]``: ``patchify`` (``b c f (h q) (w r) -> b (c r q) f h
+w``, 12 channels), ``Encoder3d`` (causal ``conv1`` to ``dim``; per level a
+``Down_ResidualBlock``: ``num_res_blocks`` residual blocks and, except on the last level, a
+``Resample`` that keeps the width, plus a parameter-free ``AvgDown3D`` shortcut from the
+level's input; Wan 2.1's middle and head), ``conv1`` and the mean half normalised, as in
+Wan 2.1. ``AvgDown3D`` averages each output channel's group of (input channel, time phase,
+row, column) entries; on a level that halves time it pads the chunk with one zero frame in
+front when it has an odd count, which the official encode meets on its first chunk (one
+frame) only, so over the whole sequence it is the same pad in front. TI2V-5B encodes its image
+as a one-frame video (``textimage2video.py``: ``vae.encode([img])``, ``img`` ``[3, 1, H, W]``):
+``[1, 3, 1, 704, 1280] -> [1, 48, 1, 44, 80]``.
+
 Layout: activations NCDHW and parameters under the official state-dict names, shapes and
-layouts (``decoder.upsamples.{level}.upsamples.{block}...``), as in the Wan 2.1 module.
+layouts (``decoder.upsamples.{level}.upsamples.{block}...``,
+``encoder.downsamples.{level}.downsamples.{block}...``), as in the Wan 2.1 module.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,24 +74,24 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from aoizora_lab.errors import AoizoraError
+from aoizora_lab.errors import AoizoraError, is_whole
 from aoizora_lab.models.checkpoint import load_named
 from aoizora_lab.models.config import freeze_fields
 from aoizora_lab.models.vae import (
     FORWARD,
+    LAYER_SHAPES,
     Constrain,
     Layer,
     Params,
     Stream,
-    attention_shapes,
     check_decoder_config,
     conv_shapes,
     decoder_ends,
+    encoder_ends,
     middle_layers,
     random_params,
-    residual_shapes,
     streamed,
-    upsample_shapes,
+    time_factor,
 )
 
 # Per-channel statistics of the Wan 2.2 latent (official ``Wan2_2_VAE.__init__``).
@@ -103,11 +120,13 @@ class VAE22Config:
     """Wan 2.2 VAE decoder hyper-parameters, named as the official ``WanVAE_`` arguments.
 
     The defaults are the released TI2V-5B VAE (``Wan2.2_VAE.pth``), spelled out by
-    :meth:`wan22`. The encoder's width (``dim``, 160) is not the decoder's and is not needed.
+    :meth:`wan22`.
     """
 
     dec_dim: int = 256
     """Decoder base width; level widths are ``dec_dim * dim_mult`` (official default 256)."""
+    dim: int = 160
+    """Encoder base width (``Wan2_2_VAE``'s ``c_dim``, 160); :func:`encode` only."""
     z_dim: int = 48
     """Latent channels."""
     dim_mult: tuple[int, ...] = (1, 2, 4, 4)
@@ -135,6 +154,8 @@ class VAE22Config:
                 "e.g. (1, 2, 4, 4)."
             )
         check_decoder_config(self, "dec_dim")
+        if not is_whole(self.dim):
+            raise AoizoraError(f"VAE22Config.dim={self.dim!r} must be an integer >= 1.")
         for level in _levels(self):
             if level.shortcut_t and (level.out_dim * level.shortcut_t * 4) % level.in_dim:
                 raise AoizoraError(
@@ -146,7 +167,7 @@ class VAE22Config:
     @classmethod
     def wan22(cls) -> VAE22Config:
         """The released Wan 2.2 VAE of TI2V-5B (``Wan2.2_VAE.pth``, official ``Wan2_2_VAE``)."""
-        return cls(dec_dim=256, z_dim=48, dim_mult=(1, 2, 4, 4), num_res_blocks=2,
+        return cls(dec_dim=256, dim=160, z_dim=48, dim_mult=(1, 2, 4, 4), num_res_blocks=2,
                    temperal_downsample=(False, True, True))
 
     @property
@@ -192,16 +213,11 @@ def param_shapes(config: VAE22Config) -> dict[str, tuple[int, ...]]:
     conv_shapes(shapes, "decoder.conv1", z, mid, (3, 3, 3))
     layers = middle_layers(mid) + [la for lv in _levels(config) for la in lv.layers]
     for layer in layers:
-        _SHAPES[layer.kind](shapes, layer)
+        LAYER_SHAPES[layer.kind](shapes, layer)
     out = config.dec_dim * config.dim_mult[0]
     shapes["decoder.head.0.gamma"] = (out, 1, 1, 1)
     conv_shapes(shapes, "decoder.head.2", out, 3 * PATCH_SIZE**2, (3, 3, 3))
     return shapes
-
-
-# Wan 2.2's Resample has the same parameters as Wan 2.1's, with in_dim == out_dim.
-_SHAPES = {"residual": residual_shapes, "attention": attention_shapes,
-           "upsample2d": upsample_shapes, "upsample3d": upsample_shapes}
 
 
 def video_shape(config: VAE22Config, latent_shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -306,4 +322,137 @@ def _check_latent_shape(config: VAE22Config, shape: tuple[int, ...]) -> None:
         raise AoizoraError(
             f"Latent shape {shape} must be [B, z_dim={config.z_dim}, T, h, w] with every size "
             f"at least 1, e.g. (1, {config.z_dim}, 31, 44, 80) for 121 frames at 704x1280."
+        )
+
+
+# ----------------------------------------------------------------------------- encoder
+
+class _DownLevel(NamedTuple):
+    """One official ``Down_ResidualBlock``: its layers and its ``AvgDown3D`` shortcut."""
+
+    in_dim: int
+    out_dim: int
+    layers: list[Layer]
+    factor_t: int  # AvgDown3D's time factor (2 where the level halves time)
+    factor_s: int  # and space factor (2 where it has a downsampler)
+
+
+def _down_levels(config: VAE22Config) -> list[_DownLevel]:
+    """``Encoder3d.downsamples`` in order, built as the official constructor builds it."""
+    widths = [config.dim * m for m in (1, *config.dim_mult)]
+    levels = []
+    for i, (in_dim, out_dim) in enumerate(itertools.pairwise(widths)):
+        prefix = f"encoder.downsamples.{i}.downsamples"
+        layers = [Layer("residual", f"{prefix}.{j}", out_dim if j else in_dim, out_dim)
+                  for j in range(config.num_res_blocks)]
+        down = i != len(config.dim_mult) - 1
+        halves_time = down and config.temperal_downsample[i]
+        if down:
+            kind = "downsample3d" if halves_time else "downsample2d"
+            layers.append(Layer(kind, f"{prefix}.{len(layers)}", out_dim, out_dim))
+        levels.append(_DownLevel(in_dim, out_dim, layers, 2 if halves_time else 1,
+                                 2 if down else 1))
+    return levels
+
+
+def encoder_param_shapes(config: VAE22Config) -> dict[str, tuple[int, ...]]:
+    """Official state-dict name -> shape of every parameter :func:`encode` uses."""
+    z2, mid = 2 * config.z_dim, config.dim * config.dim_mult[-1]
+    shapes: dict[str, tuple[int, ...]] = {}
+    conv_shapes(shapes, "encoder.conv1", 3 * PATCH_SIZE**2, config.dim, (3, 3, 3))
+    layers = [la for lv in _down_levels(config) for la in lv.layers]
+    for layer in layers + middle_layers(mid, "encoder"):
+        LAYER_SHAPES[layer.kind](shapes, layer)
+    shapes["encoder.head.0.gamma"] = (mid, 1, 1, 1)
+    conv_shapes(shapes, "encoder.head.2", mid, z2, (3, 3, 3))
+    conv_shapes(shapes, "conv1", z2, z2, (1, 1, 1))
+    return shapes
+
+
+def abstract_encoder_params(config: VAE22Config, dtype: Any = jnp.bfloat16) -> Params:
+    """The encoder's parameters as ``ShapeDtypeStruct``s: shapes for lowering."""
+    return {n: jax.ShapeDtypeStruct(s, dtype) for n, s in encoder_param_shapes(config).items()}
+
+
+def init_encoder_params(config: VAE22Config, key: jax.Array,
+                        dtype: Any = jnp.float32) -> Params:
+    """Random encoder parameters, drawn as :func:`init_decoder_params` draws the decoder's."""
+    return random_params(encoder_param_shapes(config), key, dtype)
+
+
+def load_encoder_params(source: Mapping[str, Any] | str | Path, config: VAE22Config,
+                        dtype: Any = jnp.float32) -> Params:
+    """The encoder's parameters from an official state dict or a ``.safetensors`` file (as
+    :func:`load_decoder_params`: other keys ignored, a missing or misshaped one an error)."""
+    return load_named(source, encoder_param_shapes(config), what="a Wan 2.2 VAE checkpoint",
+                      config=config, dtype=dtype)
+
+
+def space_factor(config: VAE22Config) -> int:
+    """Video pixels per latent pixel along a side: the resamplers' halvings and the 2 x 2
+    patch (16 in TI2V-5B)."""
+    return 2 ** len(config.temperal_downsample) * PATCH_SIZE
+
+
+def latent_shape(config: VAE22Config, video: tuple[int, ...]) -> tuple[int, ...]:
+    """Shape of :func:`encode`'s latent for a video of shape ``video`` ``[B, 3, T, H, W]``."""
+    _check_video_shape(config, tuple(video))
+    b, _, t, h, w = video
+    s = space_factor(config)
+    return b, config.z_dim, 1 + (t - 1) // time_factor(config), h // s, w // s
+
+
+def _patchify(x: jax.Array) -> jax.Array:
+    """Official ``patchify``, ``b c f (h q) (w r) -> b (c r q) f h w`` (r: column offset)."""
+    b, c, t, h, w = x.shape
+    p = PATCH_SIZE
+    x = x.reshape(b, c, t, h // p, p, w // p, p)  # [b, c, t, h, q, w, r]
+    return x.transpose(0, 1, 6, 4, 2, 3, 5).reshape(b, c * p * p, t, h // p, w // p)
+
+
+def _avg_down(x: jax.Array, out_dim: int, factor_t: int, factor_s: int) -> jax.Array:
+    """Official ``AvgDown3D``: zero frames in front up to a multiple of ``factor_t``, then each
+    output channel the mean of its group of (channel, time phase, row, column) entries."""
+    x = jnp.pad(x, ((0, 0), (0, 0), ((-x.shape[2]) % factor_t, 0), (0, 0), (0, 0)))
+    b, c, t, h, w = x.shape
+    ft, fs = factor_t, factor_s
+    x = x.reshape(b, c, t // ft, ft, h // fs, fs, w // fs, fs).transpose(0, 1, 3, 5, 7, 2, 4, 6)
+    return x.reshape(b, out_dim, -1, t // ft, h // fs, w // fs).mean(axis=2)
+
+
+def _down_block(x: jax.Array, params: Params, level: _DownLevel, stream: Stream | None = None
+                ) -> jax.Array:
+    """Official ``Down_ResidualBlock``: residual blocks and resampler, plus the shortcut."""
+    y = x
+    for layer in level.layers:
+        y = FORWARD[layer.kind](y, params, layer, stream)
+    return y + _avg_down(x, level.out_dim, level.factor_t, level.factor_s)
+
+
+def encode(params: Params, video: jax.Array, config: VAE22Config, *,
+           constrain: Constrain = None, chunk: int | None = None) -> jax.Array:
+    """The normalised latent ``[B, z_dim, 1 + (T - 1) / 4, H / 16, W / 16]`` of a video
+    ``[B, 3, T, H, W]`` in [-1, 1] (the official ``Wan2_2_VAE.encode``'s ``mu``); a one-frame
+    video is TI2V-5B's image. ``constrain`` and ``chunk``: as
+    :func:`aoizora_lab.models.vae.encode`'s (the constraint after every layer and level)."""
+    _check_video_shape(config, tuple(video.shape))
+    keep = constrain or (lambda a: a)
+
+    def blocks(x: jax.Array, stream: Stream | None) -> jax.Array:
+        for level in _down_levels(config):
+            x = keep(_down_block(x, params, level, stream))
+        return x
+
+    return encoder_ends(params, keep(_patchify(video)), config, keep, chunk, blocks,
+                        config.dim * config.dim_mult[-1])
+
+
+def _check_video_shape(config: VAE22Config, shape: tuple[int, ...]) -> None:
+    f, s = time_factor(config), space_factor(config)
+    if (len(shape) != 5 or shape[1] != 3 or min(shape) < 1 or (shape[2] - 1) % f
+            or shape[3] % s or shape[4] % s):
+        raise AoizoraError(
+            f"Video shape {shape} must be [B, 3, T, H, W] with T = 1 + {f} k frames (the "
+            f"official encode drops any others) and H, W multiples of {s}, e.g. "
+            "(1, 3, 121, 704, 1280), or (1, 3, 1, 704, 1280) for TI2V-5B's image."
         )
