@@ -15,11 +15,12 @@ What a person waits for is a generation, not a step::
   step time, both experts resident (:attr:`~aoizora_lab.workload.Workload.experts`);
 - ``decode``: the VAE decoder on the final latent, once (:class:`~aoizora_lab.parts.DecodePart`,
   the fastest of :func:`~aoizora_lab.parts.vae_splits`);
-- ``video encode``, image-to-video only (a model with condition channels: Wan 2.1 I2V-14B,
-  Wan 2.2 I2V-A14B): the VAE encoder on the condition video, the image then zero frames, all
-  of the video's frames as the official pipelines do, once
-  (:class:`~aoizora_lab.parts.VideoEncodePart`). Not modelled: Wan 2.1 I2V's CLIP image
-  encoder (one 224 x 224 image) and TI2V-5B's encode of its one image frame.
+- ``video encode``, image-to-video only, once (:class:`~aoizora_lab.parts.VideoEncodePart`):
+  a model with condition channels (Wan 2.1 I2V-14B, Wan 2.2 I2V-A14B) runs the VAE encoder on
+  the condition video, the image then zero frames, all of the video's frames as the official
+  pipelines do; TI2V-5B encodes its image alone, one frame through the Wan 2.2 VAE, whose
+  latent replaces the first latent frame (``textimage2video.py``). Not modelled: Wan 2.1 I2V's
+  CLIP image encoder (one 224 x 224 image).
 
 Both A14B experts stay resident, as MaxDiffusion keeps them, unless the workload swaps them
 (``Workload.swap_experts``, a case name's ``-swap``) through the host as the official code
@@ -204,7 +205,12 @@ def plan_generation(step: Plan, steps: int | None = None, **kwargs: Any) -> Gene
                                      text_len=DEFAULT_TEXT_LEN), topology, **kwargs)
     latent = (1, *workload.latent_shape)
     decode = plan_part(vae_splits(latent, n, vae=vae_for(latent)), topology, **kwargs)
-    video_encode = (plan_part(vae_splits(latent, n, part=VideoEncodePart), topology, **kwargs)
-                    if workload.config().condition_channels else PricedParts())
+    model = workload.config()
+    condition = (latent if model.condition_channels  # the image then zero frames
+                 else (*latent[:2], 1, *latent[3:]) if model.model_type == "ti2v"  # the image
+                 else None)
+    video_encode = (PricedParts() if condition is None else plan_part(
+        vae_splits(condition, n, part=VideoEncodePart, vae=vae_for(condition)), topology,
+        **kwargs))
     return Generation(workload=workload, steps=steps, expert_steps=split, step=step,
                       encode=encode, decode=decode, video_encode=video_encode)

@@ -28,10 +28,12 @@ The policy, one split per part:
   width only, over every device (``vae_spatial: -1``), and decodes a latent frame at a time
   with the causal cache; xDiT's DistVAE splits the height; the official code decodes on one
   GPU.
-- **VAE encoder** (:class:`VideoEncodePart`, Wan 2.1's, :func:`aoizora_lab.models.vae.encode`):
-  the image-to-video condition (the image, then zero frames: the official I2V pipelines of
-  Wan 2.1 and Wan 2.2 A14B encode all 81 frames) split as the decoder, in the latent's rows x
-  cols tiles (each level halves both, so each level's activations split alike). Wan 2.1 I2V's
+- **VAE encoder** (:class:`VideoEncodePart`, :func:`aoizora_lab.models.vae.encode` and
+  :func:`~aoizora_lab.models.vae22.encode`): the image-to-video condition (the image, then zero
+  frames: the official I2V pipelines of Wan 2.1 and Wan 2.2 A14B encode all 81 frames with the
+  Wan 2.1 VAE; TI2V-5B encodes its image alone, one frame, with the Wan 2.2 VAE) split as the
+  decoder, in the latent's rows x cols tiles (each level halves both, so each level's
+  activations split alike). Wan 2.1 I2V's
   CLIP image encoder is not modelled: ViT-H/14 (about 0.63 B parameters) on one 224 x 224
   image's 257 tokens is about 2 x 0.63e9 x 257 = 0.3 TFLOP, milliseconds on any slice.
 
@@ -74,7 +76,7 @@ from aoizora_lab.workers import available_memory, fitting_workers, usable_cpus
 
 VAES = {"wan2.1": 16, "wan2.2": 48}
 """The VAEs a :class:`VaePart` can run, with their latent channels: Wan 2.1's (also Wan 2.2
-A14B's; the only one whose encoder is modelled) and Wan 2.2 TI2V-5B's."""
+A14B's) and Wan 2.2 TI2V-5B's."""
 DTYPES = ("float32", "bfloat16")
 MIN_TILE = 2
 """Fewest latent rows (columns) a split device decodes: with one-row tiles and copies, XLA's
@@ -172,21 +174,13 @@ class DecodePart(VaePart):
 
 @dataclass(frozen=True)
 class VideoEncodePart(VaePart):
-    """The VAE encoder on an image-to-video generation's condition video (the image, then
-    zero frames: ``[1, 3, 1 + 4 (T - 1), 8 h, 8 w]``), making the ``latent``; split as a decode
-    (module docstring). The Wan 2.1 VAE only: Wan 2.1 I2V and Wan 2.2 I2V-A14B encode 81 frames
-    with it, TI2V-5B encodes its one image frame with the Wan 2.2 VAE (not modelled)."""
+    """The VAE encoder on an image-to-video generation's condition, making the ``latent``;
+    split as a decode (module docstring): Wan 2.1 I2V and Wan 2.2 I2V-A14B encode the image
+    then zero frames (``[1, 3, 1 + 4 (T - 1), 8 h, 8 w]``) with the Wan 2.1 VAE, TI2V-5B its
+    image alone (``[1, 3, 1, 16 h, 16 w]``, a latent of one frame) with the Wan 2.2 VAE."""
 
     kind: ClassVar[str] = "video-encode"
     prefix: ClassVar[str] = "vae-encode"
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.vae != "wan2.1":
-            raise AoizoraError(
-                f"VideoEncodePart.vae={self.vae!r}: only the Wan 2.1 VAE's encoder is modelled "
-                "(what Wan 2.1 I2V and Wan 2.2 I2V-A14B run); use vae='wan2.1'."
-            )
 
 
 @dataclass(frozen=True)
@@ -397,7 +391,8 @@ def vae_splits(latent: Sequence[int], num_devices: int, *, part: type = DecodePa
     most = max(r * c for r, c in splits)
     best = sorted((s for s in splits if s[0] * s[1] == most),
                   key=lambda s: (h // s[0] + w // s[1], s))
-    frames = dict.fromkeys(k if k is None else min(k, t) for k in chunks)  # a short video
+    # a short video; a single frame has nothing to stream
+    frames = dict.fromkeys(None if k is None or t == 1 else min(k, t) for k in chunks)
     return [part(tuple(latent), vae=vae, rows=r, cols=c, chunk=k)
             for r, c in best[:keep] for k in frames]
 

@@ -108,10 +108,16 @@ def test_the_decoder_is_the_models_vae(monkeypatch):
     monkeypatch.setattr(generation, "plan_part", fake)
     workload = Workload.parse("wan2.2-ti2v-5b@1280x704x121")
     video = plan_generation(_step(1.0, workload))
-    decodes = asked[1]
+    decodes, encodes = asked[1], asked[2]
     assert {p.vae for p in decodes} == {"wan2.2"}
     assert all(p.latent == (1, *workload.latent_shape) for p in decodes)
     assert video.steps == SAMPLING["wan2.2-ti2v-5b"].steps and video.expert_steps[1] == 0
+    # TI2V-5B encodes its image alone through the same VAE: a latent of one frame.
+    _, channels, _, h, w = decodes[0].latent
+    assert encodes and all(type(p) is VideoEncodePart and p.vae == "wan2.2"
+                           and p.latent == (1, channels, 1, h, w) for p in encodes)
+    assert video.video_encode_s == 1.0
+    assert "VAE encode (image condition)" in set(video.to_frame()["part"])
 
 
 @pytest.mark.parametrize("model", ["wan2.1-i2v-14b", "wan2.2-i2v-a14b"])
