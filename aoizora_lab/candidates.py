@@ -321,7 +321,8 @@ def explain_candidates(workload: Workload, topology: Topology, *, allow_padding:
       official Wan code and MaxDiffusion pad;
     - fsdp with no axis besides tp (and cfg, for ``-fsdpseq``) to shard over;
     - stored weights per device above the chip's usable HBM even with this sharding (every
-      resident expert's: Wan 2.2 A14B holds two, :attr:`Workload.resident_experts`).
+      resident expert's: Wan 2.2 A14B holds two unless it swaps one,
+      :attr:`Workload.resident_experts`).
     """
     cfg = workload.config()
     attention = check_backend(attention or default_attention(topology))

@@ -2,7 +2,7 @@
 
 What a person waits for is a generation, not a step::
 
-    seconds = encode (+ video encode) + steps x step + decode
+    seconds = encode (+ video encode) + steps x step (+ expert swaps) + decode
 
 - ``encode``: the UMT5 encoder on the prompt and, with CFG, the negative prompt, once
   (:class:`~aoizora_lab.parts.EncodePart`, the fastest of
@@ -12,15 +12,17 @@ What a person waits for is a generation, not a step::
   :data:`~aoizora_lab.models.wan.SAMPLING`: 50 for Wan 2.1 T2V, 40 for the A14B models). Wan
   2.2 A14B runs its high-noise expert for the steps above the boundary timestep and the
   low-noise one after (26 and 14 of T2V's 40): the same program on other weights, so the same
-  step time, both experts resident (:attr:`~aoizora_lab.workload.Workload.experts`);
+  step time, both experts resident unless the workload swaps them
+  (:attr:`~aoizora_lab.workload.Workload.resident_experts`, below);
 - ``decode``: the VAE decoder on the final latent, once (:class:`~aoizora_lab.parts.DecodePart`,
   the fastest of :func:`~aoizora_lab.parts.vae_splits`);
 - ``video encode``, image-to-video only, once (:class:`~aoizora_lab.parts.VideoEncodePart`):
   a model with condition channels (Wan 2.1 I2V-14B, Wan 2.2 I2V-A14B) runs the VAE encoder on
   the condition video, the image then zero frames, all of the video's frames as the official
   pipelines do; TI2V-5B encodes its image alone, one frame through the Wan 2.2 VAE, whose
-  latent replaces the first latent frame (``textimage2video.py``). Not modelled: Wan 2.1 I2V's
-  CLIP image encoder (one 224 x 224 image).
+  latent replaces the first latent frame (``textimage2video.py``; a TI2V-5B video is taken to
+  start from an image: run without one, as text-to-video, it skips this encode, a few ms of
+  its time). Not modelled: Wan 2.1 I2V's CLIP image encoder (one 224 x 224 image).
 
 Both A14B experts stay resident, as MaxDiffusion keeps them, unless the workload swaps them
 (``Workload.swap_experts``, a case name's ``-swap``) through the host as the official code
@@ -99,8 +101,8 @@ class Generation:
     decode: PricedParts
     """The decoder splits tried; ``decode.best`` runs."""
     video_encode: PricedParts = dataclasses.field(default_factory=PricedParts)
-    """Image-to-video: the VAE encoder splits tried on the condition video (``best`` runs);
-    empty otherwise."""
+    """Image-to-video: the VAE encoder splits tried on the condition (the video, or TI2V-5B's
+    image; ``best`` runs); empty otherwise."""
 
     @property
     def encode_s(self) -> float:
@@ -133,9 +135,10 @@ class Generation:
 
     @property
     def swaps_s(self) -> float:
-        """The expert swaps in this video: :attr:`expert_swap_s` where the workload swaps,
-        else 0."""
-        return self.expert_swap_s if self.workload.swap_experts else 0.0
+        """The expert swaps in this video: :attr:`expert_swap_s` where the workload swaps and
+        the low-noise expert runs at all, else 0."""
+        swaps = self.workload.swap_experts and self.expert_steps[1] > 0
+        return self.expert_swap_s if swaps else 0.0
 
     @property
     def steps_s(self) -> float:
@@ -168,8 +171,8 @@ class Generation:
              "order": step.placement.description, "per_call_s": step.predicted.total_s,
              "calls": calls}
             for name, calls in names]
-        if self.workload.swap_experts:  # at the boundary and back for the next video
-            rows.insert(before_decode + 2, {
+        if self.swaps_s:  # at the boundary and back for the next video
+            rows.insert(before_decode + len(names), {
                 "part": "expert swaps (host -> HBM)", "plan": "each device its shard over PCIe",
                 "order": "", "per_call_s": self.expert_swap_s / 2, "calls": 2})
         frame = pd.DataFrame(rows)

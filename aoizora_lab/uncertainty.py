@@ -171,14 +171,12 @@ SPREADS: tuple[Spread, ...] = (
         "8us\" for 3 hops and 2.3 us of bytes) implies 1.9 us (check G2, likewise not "
         "independent)")),
     Spread("attention_efficiency", 0.36, 0.72, kernel="splash", source=(
-        "what the Pallas attention kernel achieves, which the compiler does not estimate: "
+        "what jax's splash kernel achieves, which the compiler does not estimate: "
         "splash attention on Wan 720p at 36 % of v6e's peak (head dim 128 on a 256-wide MXU; "
-        "yangwhale/gpu-tpu-pedia, Wan2.2 TPU optimisation guide, a third-party profile); "
-        "MaxDiffusion's Wan 2.2 ring kernel on v7x-8 at 56-60 % of peak (commit 8dd63054's "
-        "22.65 -> 21.15 ms per ring hop, against 12.7 ms of its FLOPs at peak); the highest "
-        "floor a published Wan run implies (reports/benchmarks.md, 'Published measurements', "
-        "attention_efficiency_floor: 0.72, the MaxDiffusion README's approximate ~20 s "
-        "Ulysses gain on v6e-8, with the default model's other constants)")),
+        "yangwhale/gpu-tpu-pedia, Wan2.2 TPU optimisation guide, a third-party profile); the "
+        "highest floor a published Wan run implies (reports/benchmarks.md, 'Published "
+        "measurements', attention_efficiency_floor: 0.72, the MaxDiffusion README's "
+        "approximate ~20 s Ulysses gain on v6e-8, with the default model's other constants)")),
     Spread("attention_efficiency", 0.21, 0.34, kernel="tokamax", source=(
         "Tokamax's own splash microbenchmarks on TPU7x (openxla/tokamax, tokamax/_src/ops/"
         "experimental/tpu/splash_attention/microbenchmarks.pdf, Nov 2025): forward, head dim "
@@ -274,7 +272,9 @@ class Ensemble:
         for index, spread in enumerate(self.spreads):
             applies = (not spread.generations or topology.generation in spread.generations) \
                 and spread.kernel in ("", kernel)
-            if applies and spread.name not in known:
+            # a calibration measures the programs' own kernel, not a published run's
+            calibrated = spread.name in known and spread.kernel in ("", DEFAULT_KERNEL)
+            if applies and not calibrated:
                 values[spread.name] = spread.values(units[:, index], values[spread.name])
         return Constants(**values)
 

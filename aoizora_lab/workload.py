@@ -84,12 +84,15 @@ class Workload:
                 f"Workload.cfg={self.cfg!r} must be True (guidance: two passes per step) or "
                 "False (one pass)."
             )
-        if self.swap_experts is not False and (self.swap_experts is not True
-                                               or self.experts == 1):
+        if not isinstance(self.swap_experts, bool):
             raise AoizoraError(
-                f"Workload.swap_experts={self.swap_experts!r} for {self.name.split('@')[0]}: "
-                "only a model with two experts (wan2.2-t2v-a14b, wan2.2-i2v-a14b) can swap "
-                "one through the host; leave it False.")
+                f"Workload.swap_experts={self.swap_experts!r} must be True (one A14B expert "
+                "resident, the other swapped in from the host) or False (both resident).")
+        if self.swap_experts and self.experts == 1:
+            raise AoizoraError(
+                f"Workload.swap_experts=True for {self.name.split('@')[0]}: only a model with "
+                "two experts (wan2.2-t2v-a14b, wan2.2-i2v-a14b) can swap one through the host; "
+                "leave it False.")
         stride = model.vae_stride
         spatial = stride[1] * model.patch_size[1]
         if self.height % spatial or self.width % (stride[2] * model.patch_size[2]):

@@ -101,6 +101,10 @@ def test_swapping_the_experts_moves_each_devices_shard_twice_over_pcie(monkeypat
     assert list(frame["part"])[-2:] == ["expert swaps (host -> HBM)", "VAE decode"]
     assert frame["seconds"].sum() == pytest.approx(swapped.total_s)
     assert frame.set_index("part").loc["expert swaps (host -> HBM)", "calls"] == 2
+    # Two steps on T2V-A14B's schedule never reach the low-noise expert: nothing to swap.
+    short = plan_generation(_step(2.0, swapped.workload), steps=2)
+    assert short.expert_steps[1] == 0 and short.swaps_s == 0
+    assert "expert swaps (host -> HBM)" not in set(short.to_frame()["part"])
 
 
 def test_the_decoder_is_the_models_vae(monkeypatch):

@@ -212,6 +212,9 @@ def test_a_calibrated_constant_is_known_and_not_drawn_even_at_its_default(
                                          "matmul_efficiency": 1.0}, _no_user_calibration)
     constants = Ensemble(count=8).constants(TOPOLOGY)
     assert float(constants.attention_efficiency) == 0.61
+    # It measured the programs' own kernel: a published run's other kernel is still drawn.
+    assert np.ptp(Ensemble(count=8).constants(TOPOLOGY, kernel="tokamax")
+                  .attention_efficiency) > 0
     assert float(constants.matmul_efficiency) == 1.0
     assert float(constants.link_rate) == pytest.approx(default.ici_link_bandwidth * 0.889)
     assert np.ptp(constants.ici_hop_latency) > 0 and np.ptp(constants.hbm_efficiency) > 0

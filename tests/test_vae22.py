@@ -180,5 +180,7 @@ def test_encoder_shapes_and_errors_name_the_bad_value():
         encode(abstract_encoder_params(config), jnp.zeros((1, 3, 1, 16, 16)), config, chunk=0)
     with pytest.raises(AoizoraError, match=r"VAE22Config.dim=0"):
         VAE22Config(dim=0)
+    with pytest.raises(AoizoraError, match=r"encoder level 3 goes from 640 to 1280.*AvgDown3D"):
+        VAE22Config(dim_mult=(1, 2, 4, 8))
     assert not set(encoder_param_shapes(config)) & set(param_shapes(config))
     assert encoder_param_shapes(config)["encoder.conv1.weight"] == (160, 12, 3, 3, 3)

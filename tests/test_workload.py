@@ -46,6 +46,8 @@ def test_wan22_workloads_take_their_vae_and_timesteps():
     assert a14b.sampling.boundary and ti2v.sampling.boundary is None
     with pytest.raises(AoizoraError, match=r"swap_experts=True for wan2.2-ti2v-5b.*two experts"):
         Workload.parse("wan2.2-ti2v-5b@1280x704x121-swap")
+    with pytest.raises(AoizoraError, match=r"swap_experts=1 must be True .* or False"):
+        Workload(model="wan2.2-t2v-a14b", height=720, width=1280, swap_experts=1)
     with pytest.raises(AoizoraError, match=r"1280x720.*multiples of 32.*1280x704"):
         Workload.parse("wan2.2-ti2v-5b@720p")
 

@@ -117,7 +117,8 @@ PATCH_SIZE = 2
 
 @dataclass(frozen=True)
 class VAE22Config:
-    """Wan 2.2 VAE decoder hyper-parameters, named as the official ``WanVAE_`` arguments.
+    """Wan 2.2 VAE hyper-parameters (decoder and encoder), named as the official ``WanVAE_``
+    arguments.
 
     The defaults are the released TI2V-5B VAE (``Wan2.2_VAE.pth``), spelled out by
     :meth:`wan22`.
@@ -147,7 +148,8 @@ class VAE22Config:
         self.validate()
 
     def validate(self) -> None:
-        """Raise :class:`AoizoraError` on values the official decoder cannot be built with."""
+        """Raise :class:`AoizoraError` on values the official decoder or encoder cannot be
+        built with."""
         if not self.dim_mult or min(self.dim_mult) < 1:
             raise AoizoraError(
                 f"VAE22Config.dim_mult={self.dim_mult} must hold positive multipliers, "
@@ -163,6 +165,13 @@ class VAE22Config:
                     f"from {level.in_dim} to {level.out_dim} channels, which the official "
                     "DupUp3D cannot (out * factor must be a multiple of in)."
                 )
+        for index, level in enumerate(_down_levels(self)):
+            factor = level.factor_t * level.factor_s**2
+            if (level.in_dim * factor) % level.out_dim:
+                raise AoizoraError(
+                    f"VAE22Config.dim_mult={self.dim_mult}: encoder level {index} goes from "
+                    f"{level.in_dim} to {level.out_dim} channels, which the official AvgDown3D "
+                    f"cannot (in x {factor} must be a multiple of out).")
 
     @classmethod
     def wan22(cls) -> VAE22Config:

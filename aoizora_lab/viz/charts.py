@@ -331,7 +331,7 @@ def traffic_chart(compiled: Compiles, *, title: str | None = None) -> go.Figure:
 
 
 PART_COLORS = {"text encoder": "#B279A2", "VAE encode (image condition)": "#EECA3B",
-               "VAE decode": "#F58518"}
+               "expert swaps (host -> HBM)": "#9D755D", "VAE decode": "#F58518"}
 """The non-DiT parts' colours; every DiT row (one per expert) is blue."""
 
 
