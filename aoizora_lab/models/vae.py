@@ -576,13 +576,21 @@ def _encoder_layers(config: VAEConfig) -> list[Layer]:
 
 def encoder_param_shapes(config: VAEConfig) -> dict[str, tuple[int, ...]]:
     """Official state-dict name -> shape of every parameter :func:`encode` uses."""
-    z2, mid = 2 * config.z_dim, _middle_width(config)
+    return encoder_shapes(3, config, _encoder_layers(config), _middle_width(config))
+
+
+def encoder_shapes(in_dim: int, config: Any, layers: list[Layer], width: int
+                   ) -> dict[str, tuple[int, ...]]:
+    """The parameter shapes of an encoder around its ``layers`` (both Wan VAEs', the shape
+    side of :func:`encoder_ends`): ``encoder.conv1`` from ``in_dim`` channels to the config's
+    ``dim``, the layers, the ``width``-wide middle and head, and ``conv1``."""
+    z2 = 2 * config.z_dim
     shapes: dict[str, tuple[int, ...]] = {}
-    conv_shapes(shapes, "encoder.conv1", 3, config.dim, (3, 3, 3))
-    for layer in _encoder_layers(config) + middle_layers(mid, "encoder"):
+    conv_shapes(shapes, "encoder.conv1", in_dim, config.dim, (3, 3, 3))
+    for layer in layers + middle_layers(width, "encoder"):
         LAYER_SHAPES[layer.kind](shapes, layer)
-    shapes["encoder.head.0.gamma"] = (mid, 1, 1, 1)
-    conv_shapes(shapes, "encoder.head.2", mid, z2, (3, 3, 3))
+    shapes["encoder.head.0.gamma"] = (width, 1, 1, 1)
+    conv_shapes(shapes, "encoder.head.2", width, z2, (3, 3, 3))
     conv_shapes(shapes, "conv1", z2, z2, (1, 1, 1))
     return shapes
 

@@ -88,6 +88,7 @@ from aoizora_lab.models.vae import (
     conv_shapes,
     decoder_ends,
     encoder_ends,
+    encoder_shapes,
     middle_layers,
     random_params,
     streamed,
@@ -366,16 +367,8 @@ def _down_levels(config: VAE22Config) -> list[_DownLevel]:
 
 def encoder_param_shapes(config: VAE22Config) -> dict[str, tuple[int, ...]]:
     """Official state-dict name -> shape of every parameter :func:`encode` uses."""
-    z2, mid = 2 * config.z_dim, config.dim * config.dim_mult[-1]
-    shapes: dict[str, tuple[int, ...]] = {}
-    conv_shapes(shapes, "encoder.conv1", 3 * PATCH_SIZE**2, config.dim, (3, 3, 3))
     layers = [la for lv in _down_levels(config) for la in lv.layers]
-    for layer in layers + middle_layers(mid, "encoder"):
-        LAYER_SHAPES[layer.kind](shapes, layer)
-    shapes["encoder.head.0.gamma"] = (mid, 1, 1, 1)
-    conv_shapes(shapes, "encoder.head.2", mid, z2, (3, 3, 3))
-    conv_shapes(shapes, "conv1", z2, z2, (1, 1, 1))
-    return shapes
+    return encoder_shapes(3 * PATCH_SIZE**2, config, layers, config.dim * config.dim_mult[-1])
 
 
 def abstract_encoder_params(config: VAE22Config, dtype: Any = jnp.bfloat16) -> Params:
