@@ -900,13 +900,32 @@ def floor_summary(runs: pd.DataFrame) -> str:
             f"{done.at[top, 'timed']}), against the model's attention_efficiency "
             f"{model[top]:g} for {g} (`chip_spec('{g}')`, {specs[g].source}).")
     if above.empty:
-        return text + " The model's efficiency lies above every floor."
-    listed = "; ".join(f"{r.measurement} {r.run} {r.attention_efficiency_floor:.3g}"
-                       for r in above.itertuples())
-    return (text + f" {len(above)} of {len(done)} floors lie above the model's efficiency "
-            f"({listed}): on those runs the model's steps alone take longer than the published "
-            "time (negative implied_non_dit_s), so the model's attention_efficiency is below "
-            "what they allow.")
+        text += " The model's efficiency lies above every floor."
+    else:
+        listed = "; ".join(f"{r.measurement} {r.run} {r.attention_efficiency_floor:.3g}"
+                           for r in above.itertuples())
+        text += (f" {len(above)} of {len(done)} floors lie above the model's efficiency "
+                 f"({listed}): on those runs the model's steps alone take longer than the "
+                 "published time (negative implied_non_dit_s), so the model's "
+                 "attention_efficiency is below what they allow.")
+    return text + " " + _kernel_floors(done)
+
+
+def _kernel_floors(done: pd.DataFrame) -> str:
+    """Each run's floor against its own kernel's sourced range (``uncertainty.SPREADS``): a
+    floor above the range's top is a published time the range cannot reach."""
+    spreads = {s.kernel: s for s in uncertainty.SPREADS if s.kernel}
+    parts = []
+    for kernel, rows in done.groupby("kernel", sort=False):
+        spread = spreads[kernel]
+        over = rows[rows["attention_efficiency_floor"] > spread.high]
+        listed = "; ".join(f"{r.measurement} {r.run} {r.attention_efficiency_floor:.3g}"
+                           for r in over.itertuples())
+        parts.append(f"{kernel} ({spread.low:g}-{spread.high:g}): {len(over)} of {len(rows)} "
+                     f"floors above its top" + (f" ({listed})" if listed else ""))
+    return ("Against each run's own kernel's sourced range (`uncertainty.KERNELS`, the "
+            "ensemble's): " + "; ".join(parts) + ". A floor above its kernel's top is a "
+            "published time that no efficiency in the range reaches.")
 
 
 # ----------------------------------------------------------------------------- calibration

@@ -12,6 +12,7 @@ import pandas as pd
 import pytest
 
 import aoizora_lab as az
+from aoizora_lab import uncertainty
 from aoizora_lab.baselines import maxdiffusion_setup, setup_keys
 from aoizora_lab.cases import parse_case
 from aoizora_lab.cost import Predicted, comm_seconds
@@ -270,18 +271,32 @@ def test_a_missing_generation_is_found_when_called_and_becomes_the_rows_reason()
 def test_the_floor_summary_names_the_highest_floor_and_the_models_efficiency():
     runs = pd.DataFrame([
         {"measurement": "m1", "run": "a", "case": "w@1280x720x81/v6e:2x4", "status": "ok",
-         "timed": published.WHOLE_GENERATION, "attention_efficiency_floor": 0.3},
+         "timed": published.WHOLE_GENERATION, "attention_efficiency_floor": 0.3,
+         "kernel": "splash"},
         {"measurement": "m2", "run": "b", "case": "w@1280x720x81/tpu7x:2x2x1", "status": "ok",
-         "timed": published.DENOISE_LOOP, "attention_efficiency_floor": 0.9},
+         "timed": published.DENOISE_LOOP, "attention_efficiency_floor": 0.9,
+         "kernel": "splash"},
+        {"measurement": "m4", "run": "d", "case": "w@1280x720x81/tpu7x:2x2x1", "status": "ok",
+         "timed": published.DENOISE_LOOP, "attention_efficiency_floor": 0.31,
+         "kernel": "tokamax"},
         {"measurement": "m3", "run": "c", "case": "w@1280x720x81/v6e:2x4",
          "status": "not compiled", "timed": published.WHOLE_GENERATION,
-         "attention_efficiency_floor": 5.0}])
+         "attention_efficiency_floor": 5.0, "kernel": "splash"}])
     text = published.floor_summary(runs)
     model = chip_spec("tpu7x").attention_efficiency
     assert "the highest is 0.9, m2, run b" in text
     assert f"attention_efficiency {model:g} for tpu7x" in text
-    above = sum(f > chip_spec(g).attention_efficiency for f, g in ((0.3, "v6e"), (0.9, "tpu7x")))
-    assert f"{above} of 2 floors lie above" in text
+    above = sum(f > chip_spec(g).attention_efficiency
+                for f, g in ((0.3, "v6e"), (0.9, "tpu7x"), (0.31, "tpu7x")))
+    assert f"{above} of 3 floors lie above" in text
+    # Each floor against its own kernel's sourced range, not the point model's.
+    spreads = {s.kernel: s for s in uncertainty.SPREADS if s.kernel}
+    for kernel, floors in (("splash", (0.3, 0.9)), ("tokamax", (0.31,))):
+        s = spreads[kernel]
+        over = [f for f in floors if f > s.high]
+        assert (f"{kernel} ({s.low:g}-{s.high:g}): {len(over)} of {len(floors)} floors above "
+                "its top") in text
+    assert "m2 b 0.9)" in text  # splash's top is below 0.9: the run that cannot be reached
 
 
 def test_the_published_runs_are_built_as_maxdiffusion_builds_them():
