@@ -81,6 +81,7 @@ def _prune_command(args: argparse.Namespace) -> int:
     import pandas as pd
 
     from aoizora_lab.candidates import explain_candidates
+    from aoizora_lab.options import PlanOptions
     from aoizora_lab.prune import prune
 
     case = parse_case(args.case)
@@ -94,7 +95,9 @@ def _prune_command(args: argparse.Namespace) -> int:
         if args.show_invalid:
             table = space.to_frame()
             print(table[~table["valid"]][["name", "reason"]].to_string(index=False))
-        pruning = prune(candidates, workload, topology)
+        # as the planner prunes: each candidate at the best of the flag sets it would search
+        flag_async = tuple(f.async_kinds for f in PlanOptions().flags_on(topology))
+        pruning = prune(candidates, workload, topology, flag_async=flag_async)
         columns = ["candidate", "estimate_s", "lower_bound_s", "comm_gb_per_device",
                    "memory_lower_bound_gib", "verdict", "reason"]
         print(pruning.to_frame()[columns].to_string(index=False,

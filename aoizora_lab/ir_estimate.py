@@ -14,8 +14,12 @@ parameter and activation bytes, implied collectives) and derives from the counts
   of the slice has no such placement: its collectives count at the bound).
 
 Both apply the overlap rule (:meth:`~aoizora_lab.cost.Predicted.overlapped`): collectives of
-:data:`ASYNC_KINDS` hide behind compute up to its length, the others add. All prices come from
-:mod:`aoizora_lab.cost`.
+:data:`ASYNC_KINDS` hide behind compute up to its length, the others add. Compiler flags
+change which kinds run asynchronously (``CompilerFlags.async_kinds``: MaxDiffusion's Ulysses
+flags make all-to-alls start / done pairs), so a plan that compiles with several flag sets
+passes each set's kinds and both numbers are the lowest over them: a Ulysses candidate whose
+all-to-alls fit under its compute estimates at its compute, as its compile with those flags
+prices, not at compute plus all-to-all. All prices come from :mod:`aoizora_lab.cost`.
 
 The counts of a trace are cached as JSON (``ir/`` under the cache root); the bounds are derived
 afresh for the slice asked for.
@@ -56,8 +60,9 @@ ASYNC_KINDS = ("all-gather", "collective-permute")
 """Kinds the TPU compiler schedules asynchronously next to compute in the Wan step (compiled
 14B@720p on v5e:4x4 and 1.3B@480p on v5e:2x4: 97-99 % of all-gather bytes (FSDP weights,
 context K/V) and every ring permute were ``*-start`` ops; every all-to-all and the tensor-
-parallel all-reduces synchronous); the IR applies the overlap rule of :mod:`aoizora_lab.cost`
-with them."""
+parallel all-reduces synchronous, under libtpu's defaults and MaxDiffusion's Wan flags); the IR
+applies the overlap rule of :mod:`aoizora_lab.cost` with them, and with what a searched flag
+set adds (``flag_async``)."""
 IRCacheDir = str | Path | Literal[False] | None
 """Where IR traces are cached: a folder, ``None`` for ``ir/`` under
 :func:`~aoizora_lab.versions.cache_root`, ``False`` for none."""
@@ -86,24 +91,45 @@ class IREstimate:
     comm_estimate_seconds: float
     trace_seconds: float
     notes: tuple[str, ...]
+    async_kinds: tuple[str, ...] = ASYNC_KINDS
+    """The collective kinds the estimate lets hide behind compute: :data:`ASYNC_KINDS` plus
+    those of the flag set that gives the lowest estimate (``flag_async``)."""
+
+
+FlagAsync = tuple[frozenset[str], ...]
+"""Per flag set a plan compiles with, the collective kinds it makes asynchronous beyond
+:data:`ASYNC_KINDS` (``CompilerFlags.async_kinds``)."""
+LIBTPU_DEFAULTS: FlagAsync = (frozenset(),)
+"""``flag_async`` of a plan that compiles with libtpu's defaults only."""
 
 
 def estimate_ir(candidate: Candidate, workload: Workload, topology: Topology, *,
                 dtype: Any = None, num_layers: int | None = None,
-                cache_dir: IRCacheDir = None) -> IREstimate:
+                cache_dir: IRCacheDir = None,
+                flag_async: FlagAsync = LIBTPU_DEFAULTS) -> IREstimate:
     """Trace ``workload``'s denoise step under ``candidate`` and derive its bounds.
 
     Tracing uses an abstract mesh: no devices, no compile. ``num_layers`` estimates a
     shallower model of the same width (to compare with a compile of that depth). See the
-    module docstring for the lower bound and estimate. The counts of a trace are cached as
-    JSON under ``cache_dir`` (default ``ir/`` under :func:`~aoizora_lab.versions.cache_root`;
-    ``False``: no cache), keyed by the candidate, the model, the workload, the dtype and
-    :func:`~aoizora_lab.versions.code_versions` of this module;
-    the bounds are derived afresh for ``topology``.
+    module docstring for the lower bound and estimate; ``flag_async``: what each flag set the
+    candidate will be compiled with makes asynchronous, both bounds the lowest over them.
+    The counts of a trace are cached as JSON under ``cache_dir`` (default ``ir/`` under
+    :func:`~aoizora_lab.versions.cache_root`; ``False``: no cache), keyed by the candidate,
+    the model, the workload, the dtype and :func:`~aoizora_lab.versions.code_versions` of
+    this module; the bounds are derived afresh for ``topology``.
     """
+    if not flag_async or not all(isinstance(k, frozenset) for k in flag_async):
+        raise ValueError(f"flag_async={flag_async!r}: give one frozenset of collective kinds "
+                         "per flag set (CompilerFlags.async_kinds), e.g. (frozenset(),) for "
+                         "libtpu's defaults.")
     counts, trace_seconds = trace_counts(candidate, workload, dtype=dtype,
                                          num_layers=num_layers, cache_dir=cache_dir)
-    return _bounds(candidate, counts, topology, trace_seconds, keep=cache_dir is not False)
+    derived = [_bounds(candidate, counts, topology, trace_seconds,
+                       tuple(sorted({*ASYNC_KINDS, *kinds})), keep=cache_dir is not False)
+               for kinds in dict.fromkeys(flag_async)]
+    best = min(derived, key=lambda e: e.estimate_seconds)
+    return dataclasses.replace(best, lower_bound_seconds=min(
+        e.lower_bound_seconds for e in derived))
 
 
 def trace_counts(candidate: Candidate, workload: Workload, *, dtype: Any = None,
@@ -195,20 +221,21 @@ def _read_counts(entry: Path) -> tuple[IRCounts, float] | None:
 
 
 def _bounds(candidate: Candidate, counts: IRCounts, topology: Topology,
-            trace_seconds: float, *, keep: bool) -> IREstimate:
+            trace_seconds: float, async_kinds: tuple[str, ...], *, keep: bool) -> IREstimate:
     """:func:`_derive_bounds`, kept on disk when ``keep`` (the IR cache is on): pricing a
     trace's collectives on the slice takes ~0.1 s a candidate, and a plan prices every valid
     candidate."""
     if not keep:
-        return _derive_bounds(candidate, counts, topology, trace_seconds)
+        return _derive_bounds(candidate, counts, topology, trace_seconds, async_kinds)
     return memoized("ir-bounds", (candidate, digest(repr(counts)), topology.cache_key,
-                                  device_spec(topology), trace_seconds),
-                    lambda: _derive_bounds(candidate, counts, topology, trace_seconds),
+                                  device_spec(topology), trace_seconds, async_kinds),
+                    lambda: _derive_bounds(candidate, counts, topology, trace_seconds,
+                                           async_kinds),
                     code=__name__)
 
 
 def _derive_bounds(candidate: Candidate, counts: IRCounts, topology: Topology,
-                   trace_seconds: float) -> IREstimate:
+                   trace_seconds: float, async_kinds: tuple[str, ...]) -> IREstimate:
     chip = device_spec(topology)
     compute_bound = roofline_seconds(counts.flops, counts.hbm_bytes, chip)
     compute_estimate = roofline_seconds(counts.flops, counts.hbm_bytes, chip,
@@ -222,7 +249,7 @@ def _derive_bounds(candidate: Candidate, counts: IRCounts, topology: Topology,
         group = math.prod(candidate.mesh_shape[candidate.axis_names.index(a)] for a in c.axes)
         received = {"all-reduce": 2 * (group - 1) / group, "collective-permute": 1.0}.get(
             c.kind, (group - 1) / group) * c.bytes
-        asynchronous = c.kind in ASYNC_KINDS
+        asynchronous = c.kind in async_kinds
         bound[asynchronous] += c.count * received / (links_per_chip * chip.ici_link_bandwidth)
         axis_ids = [candidate.axis_names.index(a) for a in c.axes]
         groups = mesh_axis_groups(candidate.mesh_shape, axis_ids)
@@ -249,4 +276,5 @@ def _derive_bounds(candidate: Candidate, counts: IRCounts, topology: Topology,
         estimate_seconds=quick.total_s,
         compute_estimate_seconds=compute_estimate, comm_estimate_seconds=comm_estimate,
         trace_seconds=trace_seconds, notes=tuple(dict.fromkeys(counts.notes)),
+        async_kinds=async_kinds,
     )

@@ -28,6 +28,7 @@ from aoizora_lab.compile import CompilerFlags, check_timeout, compiler_flags
 from aoizora_lab.errors import AoizoraError, is_whole
 from aoizora_lab.ir_estimate import IRCacheDir
 from aoizora_lab.placement import TOP_PLACEMENTS
+from aoizora_lab.topology import DeviceSource, Topology
 
 SEARCHED_FLAGS: tuple[str, ...] = ("default", "maxdiffusion-ulysses", "maxdiffusion-wan")
 """The flag sets the planner compiles each kept candidate with: libtpu's defaults and
@@ -102,6 +103,11 @@ class PlanOptions:
     def replace(self, **changes: Any) -> PlanOptions:
         """A copy with ``changes`` (checked like a new one)."""
         return dataclasses.replace(self, **changes)
+
+    def flags_on(self, topology: Topology) -> tuple[CompilerFlags, ...]:
+        """The flag sets compiled on ``topology``: :attr:`flags`, only the first on CPU host
+        devices (TPU flags mean nothing there)."""
+        return self.flags[:1] if topology.source is DeviceSource.HOST else self.flags
 
     @property
     def key(self) -> tuple[Any, ...]:

@@ -73,7 +73,7 @@ from aoizora_lab.progress import Ticker
 from aoizora_lab.progress import note as progress_note
 from aoizora_lab.prune import Pruning, prune
 from aoizora_lab.realize import Plan
-from aoizora_lab.topology import DeviceSource, Topology
+from aoizora_lab.topology import Topology
 from aoizora_lab.versions import is_memoized, memoized
 from aoizora_lab.workers import warm_in_workers
 from aoizora_lab.workload import Workload
@@ -189,7 +189,8 @@ def plan(workload: Workload, topology: Topology, options: PlanOptions = FULL_SEA
     space = explain_candidates(workload, topology)
     stages.next("candidates", f"{len(space.valid)} valid candidates; tracing their IR")
     pruning = prune(space.valid, workload, topology, keep=options.keep,
-                    ir_cache_dir=options.ir_cache_dir)
+                    ir_cache_dir=options.ir_cache_dir,
+                    flag_async=tuple(f.async_kinds for f in flag_sets))
     _check_survivors(pruning, workload, topology)
     first_run = _first_run(policy, pruning, workload, topology, options)
     stages.next("pruned", f"{len(pruning.kept)} kept by the IR estimates; compiling them with "
@@ -235,8 +236,7 @@ def _checked(workload: Workload, topology: Topology, options: PlanOptions
     check_num_layers(options.num_layers, workload.config().num_layers)
     compare = (user_setup(options.compare, workload, topology)
                if options.compare is not None else None)
-    flag_sets = list(options.flags)
-    return compare, flag_sets[:1] if topology.source is DeviceSource.HOST else flag_sets
+    return compare, list(options.flags_on(topology))
 
 
 class _Stages:

@@ -59,6 +59,8 @@ from aoizora_lab.candidates import Candidate
 from aoizora_lab.errors import AoizoraError
 from aoizora_lab.hardware import device_spec
 from aoizora_lab.ir_estimate import (
+    LIBTPU_DEFAULTS,
+    FlagAsync,
     IRCacheDir,
     IREstimate,
     estimate_ir,
@@ -77,11 +79,12 @@ GiB = 2**30
 def estimate_candidates(candidates: Sequence[Candidate], workload: Workload,
                         topology: Topology, *, dtype: Any = None,
                         ir_cache_dir: IRCacheDir = None,
+                        flag_async: FlagAsync = LIBTPU_DEFAULTS,
                         ) -> dict[str, IREstimate | str]:
     """IR estimate per candidate name, or the error text where tracing failed (traces cached
-    under ``ir_cache_dir``, see :func:`estimate_ir`). With the cache on, the traces not cached
-    yet run side by side in worker processes first (:func:`warm_in_workers`), then every
-    estimate is read here."""
+    under ``ir_cache_dir``; ``flag_async``: what each flag set searched makes asynchronous;
+    see :func:`estimate_ir`). With the cache on, the traces not cached yet run side by side in
+    worker processes first (:func:`warm_in_workers`), then every estimate is read here."""
     todo = [c for c in candidates if ir_cache_dir is not False and not is_traced(
         c, workload, dtype=dtype, cache_dir=ir_cache_dir)]
     warm_in_workers(_trace_in_worker, [(c, workload, dtype, ir_cache_dir) for c in todo],
@@ -93,7 +96,8 @@ def estimate_candidates(candidates: Sequence[Candidate], workload: Workload,
                     f"{len(candidates)} candidates")
         try:
             results[candidate.name] = estimate_ir(candidate, workload, topology, dtype=dtype,
-                                                  cache_dir=ir_cache_dir)
+                                                  cache_dir=ir_cache_dir,
+                                                  flag_async=flag_async)
         except Exception as err:  # one candidate's failure must not end the sweep
             results[candidate.name] = f"{type(err).__name__}: {err}"
     return results
@@ -205,8 +209,12 @@ def prune(candidates: Sequence[Candidate], workload: Workload, topology: Topolog
           max_fraction: float = MAX_FRACTION,
           estimates: dict[str, IREstimate | str] | None = None,
           dtype: Any = None, ir_cache_dir: IRCacheDir = None,
+          flag_async: FlagAsync = LIBTPU_DEFAULTS,
           ) -> Pruning:
-    """Decide for every candidate (rules in the module docstring); best estimate first."""
+    """Decide for every candidate (rules in the module docstring); best estimate first.
+    ``flag_async``: per flag set the survivors will be compiled with, the collective kinds it
+    makes asynchronous (``CompilerFlags.async_kinds``; default libtpu's own only), so a
+    candidate is estimated as its best flag set would compile it."""
     if keep < 1 or bound_margin < 0 or estimate_margin < 0 or not 0 < max_fraction <= 1:
         raise AoizoraError(
             f"prune needs keep >= 1, non-negative margins and 0 < max_fraction <= 1; got "
@@ -215,7 +223,8 @@ def prune(candidates: Sequence[Candidate], workload: Workload, topology: Topolog
         )
     budget = max(keep, math.floor(max_fraction * len(candidates)))
     estimates = estimates or estimate_candidates(candidates, workload, topology, dtype=dtype,
-                                                 ir_cache_dir=ir_cache_dir)
+                                                 ir_cache_dir=ir_cache_dir,
+                                                 flag_async=flag_async)
     usable = device_spec(topology).hbm_usable_bytes
     failed, fits, over = [], [], []
     for position, candidate in enumerate(candidates):

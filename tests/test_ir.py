@@ -104,6 +104,37 @@ def test_strategies_differ_where_they_should(wan14):
     assert tp.comm_bytes > uly.comm_bytes
 
 
+def test_flags_that_make_all_to_all_asynchronous_let_the_estimate_hide_it(wan14):
+    from aoizora_lab.compile import FLAG_SETS
+    from aoizora_lab.ir_estimate import ASYNC_KINDS
+
+    workload, topology = wan14
+    candidate = Candidate.from_name("cfg2-uly8-fsdp")
+    ulysses = FLAG_SETS["maxdiffusion-ulysses"].async_kinds
+    assert ulysses == {"all-to-all"} and FLAG_SETS["maxdiffusion-wan"].async_kinds == set()
+    plain = estimate_ir(candidate, workload, topology, cache_dir=False)
+    searched = estimate_ir(candidate, workload, topology, cache_dir=False,
+                           flag_async=(frozenset(), ulysses))
+    assert plain.async_kinds == ASYNC_KINDS and "all-to-all" in searched.async_kinds
+    # Synchronous, the all-to-alls add to the compute; asynchronous, they hide under it: all
+    # that stays exposed is the small synchronous rest (the guidance all-reduce).
+    assert any(c.kind == "all-to-all" for c in plain.collectives)
+    exposed = plain.estimate_seconds - plain.compute_estimate_seconds
+    assert plain.compute_estimate_seconds <= searched.estimate_seconds
+    assert plain.estimate_seconds - searched.estimate_seconds > 0.9 * exposed > 0
+    assert searched.lower_bound_seconds < plain.lower_bound_seconds
+    assert searched.lower_bound_seconds <= searched.estimate_seconds
+    # A candidate without all-to-alls estimates the same whichever flags, at libtpu's kinds.
+    tp = Candidate.from_name("cfg2-tp8")
+    alone, both = (estimate_ir(tp, workload, topology, cache_dir=False, flag_async=f)
+                   for f in ((frozenset(),), (frozenset(), ulysses)))
+    assert not any(c.kind == "all-to-all" for c in alone.collectives)
+    assert (both.estimate_seconds, both.lower_bound_seconds, both.async_kinds) == (
+        alone.estimate_seconds, alone.lower_bound_seconds, ASYNC_KINDS)
+    with pytest.raises(ValueError, match="flag_async"):
+        estimate_ir(candidate, workload, topology, flag_async=({"all-to-all"},))
+
+
 @pytest.mark.parametrize(("old", "new", "spec", "expected"), [
     ((4, 6), (24,), (("x",), ()), (("x",),)),  # merge keeps the major dim's axes
     ((1, 8), (8,), ((), ("x",)), (("x",),)),  # a unit dim does not hide the real one

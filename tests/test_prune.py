@@ -270,3 +270,28 @@ def test_the_other_expert_takes_hbm_from_the_step():
     # Swapping one expert through the host gives the step one expert's HBM again.
     swapped = prune([candidate], az.Workload.parse("wan2.2-t2v-a14b@720p-swap"), topology)
     assert swapped.decision("cfg2-tp4").verdict is one.verdict
+
+
+def test_pruning_estimates_each_candidate_at_the_best_flag_set_the_plan_searches():
+    import jax
+
+    from aoizora_lab.options import PlanOptions
+
+    # MaxDiffusion's best recipe on this slice is dp 2 x Ulysses 4; its flags make the
+    # all-to-alls asynchronous, which libtpu's defaults do not.
+    workload = az.Workload.preset("wan2.1-t2v-1.3b", "480p")
+    topology = az.Topology.from_name("v5e:2x4")
+    candidates = enumerate_candidates(workload, topology)
+    searched = tuple(f.async_kinds for f in PlanOptions().flags_on(topology))
+    assert frozenset({"all-to-all"}) in searched
+    plain, flagged = (prune(candidates, workload, topology, flag_async=f)
+                      for f in ((frozenset(),), searched))
+    name = "cfg2-uly4-fsdpseq"
+    before, after = plain.decision(name), flagged.decision(name)
+    assert after.estimate.estimate_seconds < before.estimate.estimate_seconds
+    assert "all-to-all" in after.estimate.async_kinds
+    # Hidden under compute, its traffic (the least of any candidate's) ranks it among the
+    # first; with the all-to-alls synchronous it was left past the compile budget.
+    assert after.verdict.keep and not before.verdict.keep, (before.reason, after.reason)
+    host = az.Topology.simulated((2, 4), devices=jax.devices()[:8])
+    assert PlanOptions().flags_on(host) == PlanOptions().flags[:1]  # TPU flags mean nothing
