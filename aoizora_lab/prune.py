@@ -27,10 +27,12 @@ keeps every survivor and its admission policy compiles only the best few
 Estimates apply the overlap rule, so when every collective hides behind compute many
 candidates tie; estimates equal to 3 significant digits are ranked by their communication
 estimate (the overlap rule is optimistic: less traffic is the safer bet). A tie is no
-evidence, so the budget keeps all of it: on Wan 2.2 A14B at 720p on ``v6e:2x4`` nine
-candidates estimate 3.94 s, the budget's last (the 13th of 52) among them; MaxDiffusion's
-``cfg2-uly4-fsdpseq`` (3.94127 s, more traffic than ``cfg2-uly4-fsdp``'s 3.94129 s) ranked
-just past it, yet compiles 1.1 % faster than every candidate within it. The tie keeps 21.
+evidence, so the budget keeps all of it: on Wan 2.2 A14B at 720p on ``v6e:2x4`` the budget's
+last estimate (the 13th of 52) is 3.64 s, and two candidates past it estimate the same; the
+tie keeps 15. It once mattered: before the estimates knew which flags make all-to-alls
+asynchronous (``flag_async``), nine Ulysses candidates tied at 3.94 s across that budget, and
+MaxDiffusion's ``cfg2-uly4-fsdpseq``, ranked just past it, compiles 1.1 % faster than every
+candidate within it.
 
 Known miss: the IR sees the collectives the step asks for (``shard_map`` ones, resharding
 constraints), not those the partitioner adds on its own, such as the guidance combine across
@@ -41,9 +43,9 @@ halve a ``cfg2`` candidate's estimated communication, and rule 3 can drop the co
 (there, ``ctx4`` at 1.99x the estimate of ``cfg2-ctx2``).
 
 A candidate whose trace fails is dropped with the error as its reason; the sweep goes on.
-Example (Wan 2.1 14B at 720p on ``v5e:4x4``): ``cfg2-tp8`` has a lower bound of 6.0 s while
-``cfg2-uly8-fsdp`` is estimated at 7.6 s, so rule 2 spares it (6.0 < 1.25 x 7.6), but its
-estimate of 11.8 s is 1.55x the best and rule 3 drops it.
+Example (Wan 2.1 14B at 720p on ``v5e:4x4``): ``cfg2-tp8`` has a lower bound of 5.96 s while
+``cfg2-uly8-fsdp`` is estimated at 8.35 s, so rule 2 spares it (5.96 < 1.25 x 8.35), but its
+estimate of 15.9 s is 1.91x the best and rule 3 drops it.
 """
 
 from __future__ import annotations
