@@ -675,7 +675,7 @@ def baseline_setups(workload: Workload, topology: Topology, pruning: Pruning, *,
             if not isinstance(s, Setup):
                 trials.append(Trial(name, s[0], None, reason=s[1]))
                 continue
-            estimate = estimate_of(pruning, s.candidate)
+            estimate = estimate_of(pruning, s.candidate, s.flags)
             if name != USER and (s.candidate.name not in valid or math.isnan(estimate)):
                 trials.append(Trial(name, s.recipe, s, estimate, reason=(
                     "not a valid candidate here (over HBM or unsplittable)"
@@ -784,7 +784,7 @@ def _scored(group: SystemSetups, workload: Workload, topology: Topology, pruning
     name, trials, priced = group.name, list(group.trials), []
     for s in group.setups:
         outcome = outcomes[s.candidate.name, s.flags.label]
-        estimate = estimate_of(pruning, s.candidate)
+        estimate = estimate_of(pruning, s.candidate, s.flags)
         if isinstance(outcome, NotRun):
             trials.append(Trial(name, s.recipe, s, estimate, reason=outcome.message,
                                 not_run=outcome.reason))
@@ -809,13 +809,20 @@ def _scored(group: SystemSetups, workload: Workload, topology: Topology, pruning
         f"{t.recipe}: {t.reason}" for t in trials)[:600], trials=tuple(trials))
 
 
-def estimate_of(pruning: Pruning, candidate: Candidate) -> float:
-    """``candidate``'s IR estimate in ``pruning`` (seconds; NaN where it has none)."""
+def estimate_of(pruning: Pruning, candidate: Candidate,
+                flags: CompilerFlags | None = None) -> float:
+    """``candidate``'s IR estimate in ``pruning`` (seconds; NaN where it has none): under
+    ``flags`` (what they make asynchronous, ``IREstimate.estimate_under``), or its best over
+    the searched flag sets (``None``)."""
     try:
         decision = pruning.decision(candidate.name)
     except (KeyError, AoizoraError):
         return math.nan
-    return decision.estimate.estimate_seconds if decision.estimate is not None else math.nan
+    if decision.estimate is None:
+        return math.nan
+    if flags is None:
+        return decision.estimate.estimate_seconds
+    return decision.estimate.estimate_under(flags.async_kinds)
 
 
 # ----------------------------------------------------------------------------- the headline

@@ -95,10 +95,10 @@ def _prune_command(args: argparse.Namespace) -> int:
         if args.show_invalid:
             table = space.to_frame()
             print(table[~table["valid"]][["name", "reason"]].to_string(index=False))
-        # as the planner prunes: each candidate at the best of the flag sets it would search
-        flag_async = tuple(f.async_kinds for f in PlanOptions().flags_on(topology))
-        pruning = prune(candidates, workload, topology, flag_async=flag_async)
-        columns = ["candidate", "estimate_s", "lower_bound_s", "comm_gb_per_device",
+        # as the planner prunes: each candidate at the best of the flag sets it searches
+        pruning = prune(candidates, workload, topology,
+                        flag_async=PlanOptions().flag_async(topology))
+        columns = ["candidate", "estimate_s", "lower_bound_s", "also_async", "comm_gb_per_device",
                    "memory_lower_bound_gib", "verdict", "reason"]
         print(pruning.to_frame()[columns].to_string(index=False,
                                                     float_format=lambda v: f"{v:.3g}"))

@@ -141,8 +141,10 @@ class CompilerFlags:
     @property
     def async_kinds(self) -> frozenset[str]:
         """The collective kinds these flags make asynchronous beyond libtpu's defaults
-        (:data:`ASYNC_FLAGS`): what the IR estimate lets hide behind compute."""
-        return frozenset(ASYNC_FLAGS[w] for w in self.words if w in ASYNC_FLAGS)
+        (:data:`ASYNC_FLAGS`; a flag set twice counts as its last value, as in
+        ``LIBTPU_INIT_ARGS``): what the IR estimate lets hide behind compute."""
+        return frozenset(kind for flag, kind in ASYNC_FLAGS.items()
+                         if self.options.get(flag, "").lower() in ("true", "1"))
 
     def without(self, word: str) -> CompilerFlags:
         """This set less the flag ``word``: a set of :data:`FLAG_SETS` where what is left is
@@ -159,13 +161,16 @@ class CompilerFlags:
         return CompilerFlags(f"{self.name} -{short}", rest, f"{self.source}, without {word}")
 
 
-ASYNC_FLAGS: dict[str, str] = {"--xla_tpu_enable_async_all_to_all=true": "all-to-all"}
-"""Flags that make a collective kind asynchronous which libtpu otherwise runs synchronously
-(the kind, by flag). Compiled evidence, Wan 2.1 1.3B at 480p on ``v5e:2x4``: the 3
-all-to-alls of ``cfg2-ctx4-fsdpseq`` are synchronous under libtpu's defaults and MaxDiffusion's
-Wan flags, and start / done pairs under its Ulysses set (these flags plus this one), as are
-all 7 of ``cfg2-uly4-fsdpseq``'s. libtpu refuses the flag on some slices ("not supported on
-limited ICI", ``v5e:4x8``), which only a compile tells."""
+ASYNC_FLAGS: dict[str, str] = {"xla_tpu_enable_async_all_to_all": "all-to-all"}
+"""Flags that, set true, make a collective kind asynchronous which libtpu otherwise runs
+synchronously (the kind, by flag name). Compiled evidence, Wan 2.1 1.3B at 480p on
+``v5e:2x4``: the 3 all-to-alls of ``cfg2-ctx4-fsdpseq`` are synchronous under libtpu's
+defaults and MaxDiffusion's Wan flags, and start / done pairs under its Ulysses set (these
+flags plus this one), as are all 7 of ``cfg2-uly4-fsdpseq``'s. libtpu refuses the flag in
+some programs on some slices ("not supported on limited ICI", or an abort: MaxDiffusion's
+Ulysses recipes in the plan-quality records of ``v5e:4x8`` and ``v5e:8x8``, none on
+``v5e:2x4`` or ``v5e:4x4``), while a lone all-to-all with it compiles on all four: only the
+program's own compile tells."""
 
 _MAXDIFFUSION_WAN = ("--xla_tpu_enable_async_collective_fusion=true "
                      "--xla_tpu_enable_async_collective_fusion_fuse_all_reduce=true "

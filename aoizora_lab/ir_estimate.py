@@ -17,9 +17,14 @@ Both apply the overlap rule (:meth:`~aoizora_lab.cost.Predicted.overlapped`): co
 :data:`ASYNC_KINDS` hide behind compute up to its length, the others add. Compiler flags
 change which kinds run asynchronously (``CompilerFlags.async_kinds``: MaxDiffusion's Ulysses
 flags make all-to-alls start / done pairs), so a plan that compiles with several flag sets
-passes each set's kinds and both numbers are the lowest over them: a Ulysses candidate whose
-all-to-alls fit under its compute estimates at its compute, as its compile with those flags
-prices, not at compute plus all-to-all. All prices come from :mod:`aoizora_lab.cost`.
+passes each set's kinds (``flag_async``) and both numbers are the lowest over them
+(:attr:`IREstimate.estimates_by_kinds` keeps each set's estimate): a Ulysses candidate whose
+all-to-alls fit under its compute estimates at its compute rather than at compute plus
+all-to-all. Still an optimistic bet: the pooled rule hides a collective behind all of the
+step's compute where a compiled schedule hides it only between its start and done, and
+libtpu refuses asynchronous all-to-all in some programs on some slices
+(``compile.ASYNC_FLAGS``), which no trace can tell. All prices come from
+:mod:`aoizora_lab.cost`.
 
 The counts of a trace are cached as JSON (``ir/`` under the cache root); the bounds are derived
 afresh for the slice asked for.
@@ -41,8 +46,9 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
 from aoizora_lab.candidates import Candidate
-from aoizora_lab.comm_model import Collective, mesh_axis_groups
+from aoizora_lab.comm_model import COLLECTIVE_KINDS, Collective, mesh_axis_groups
 from aoizora_lab.cost import Predicted, comm_seconds, roofline_seconds
+from aoizora_lab.errors import AoizoraError
 from aoizora_lab.hardware import device_spec
 from aoizora_lab.ir import IRCollective, IRCounts, count_jaxpr, spec_of
 from aoizora_lab.models.wan import WanConfig, abstract_params
@@ -56,7 +62,7 @@ from aoizora_lab.versions import (
 )
 from aoizora_lab.workload import Workload, denoise_step
 
-ASYNC_KINDS = ("all-gather", "collective-permute")
+ASYNC_KINDS: tuple[str, ...] = tuple(sorted(("all-gather", "collective-permute")))
 """Kinds the TPU compiler schedules asynchronously next to compute in the Wan step (compiled
 14B@720p on v5e:4x4 and 1.3B@480p on v5e:2x4: 97-99 % of all-gather bytes (FSDP weights,
 context K/V) and every ring permute were ``*-start`` ops; every all-to-all and the tensor-
@@ -93,7 +99,18 @@ class IREstimate:
     notes: tuple[str, ...]
     async_kinds: tuple[str, ...] = ASYNC_KINDS
     """The collective kinds the estimate lets hide behind compute: :data:`ASYNC_KINDS` plus
-    those of the flag set that gives the lowest estimate (``flag_async``)."""
+    those of the flag set that gives the lowest estimate (``flag_async``; the fewest kinds
+    among equal estimates)."""
+    estimates_by_kinds: tuple[tuple[tuple[str, ...], float], ...] = ()
+    """``(kinds, estimate seconds)`` for each flag set's asynchronous kinds derived (empty:
+    only :attr:`async_kinds`)."""
+
+    def estimate_under(self, kinds: frozenset[str]) -> float:
+        """The estimate with ``kinds`` asynchronous besides :data:`ASYNC_KINDS` (a flag set's
+        ``async_kinds``, e.g. a system's setup compiled with its own flags); the lowest
+        estimate where that set was not derived."""
+        key = tuple(sorted({*ASYNC_KINDS, *kinds}))
+        return dict(self.estimates_by_kinds).get(key, self.estimate_seconds)
 
 
 FlagAsync = tuple[frozenset[str], ...]
@@ -118,18 +135,30 @@ def estimate_ir(candidate: Candidate, workload: Workload, topology: Topology, *,
     the model, the workload, the dtype and :func:`~aoizora_lab.versions.code_versions` of
     this module; the bounds are derived afresh for ``topology``.
     """
-    if not flag_async or not all(isinstance(k, frozenset) for k in flag_async):
-        raise ValueError(f"flag_async={flag_async!r}: give one frozenset of collective kinds "
-                         "per flag set (CompilerFlags.async_kinds), e.g. (frozenset(),) for "
-                         "libtpu's defaults.")
+    check_flag_async(flag_async)
     counts, trace_seconds = trace_counts(candidate, workload, dtype=dtype,
                                          num_layers=num_layers, cache_dir=cache_dir)
     derived = [_bounds(candidate, counts, topology, trace_seconds,
                        tuple(sorted({*ASYNC_KINDS, *kinds})), keep=cache_dir is not False)
                for kinds in dict.fromkeys(flag_async)]
-    best = min(derived, key=lambda e: e.estimate_seconds)
-    return dataclasses.replace(best, lower_bound_seconds=min(
-        e.lower_bound_seconds for e in derived))
+    # More asynchronous kinds never price higher, so the lowest estimate's lower bound is
+    # the lowest too; among equal estimates the fewest kinds (order-independent).
+    best = min(derived, key=lambda e: (e.estimate_seconds, e.lower_bound_seconds,
+                                       len(e.async_kinds)))
+    return dataclasses.replace(
+        best, lower_bound_seconds=min(e.lower_bound_seconds for e in derived),
+        estimates_by_kinds=tuple((e.async_kinds, e.estimate_seconds) for e in derived))
+
+
+def check_flag_async(flag_async: Any) -> None:
+    """Raise :class:`AoizoraError` unless ``flag_async`` is a non-empty tuple of frozensets
+    of collective kinds (before any trace runs)."""
+    if not (isinstance(flag_async, tuple) and flag_async and all(
+            isinstance(k, frozenset) and k <= set(COLLECTIVE_KINDS) for k in flag_async)):
+        raise AoizoraError(
+            f"flag_async={flag_async!r}: give a tuple of one frozenset of collective kinds "
+            f"(of {list(COLLECTIVE_KINDS)}) per flag set, e.g. "
+            "PlanOptions().flag_async(topology), or (frozenset(),) for libtpu's defaults.")
 
 
 def trace_counts(candidate: Candidate, workload: Workload, *, dtype: Any = None,

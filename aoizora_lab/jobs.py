@@ -128,12 +128,15 @@ class CompileJob:
 
 
 def build_jobs(kept: Sequence[Candidate], flag_sets: Sequence[CompilerFlags],
-               setups: Sequence[SystemSetups], estimate: Callable[[Candidate], float],
+               setups: Sequence[SystemSetups],
+               estimate: Callable[[Candidate, CompilerFlags | None], float],
                could_win: Callable[[Candidate], bool] = lambda candidate: True
                ) -> list[CompileJob]:
     """Every compile of a plan, each once: the survivors with each flag set (first flag set
     first, in pruning's order), then each system's and the user's setups; ``estimate``: a
-    candidate's IR estimate (:func:`~aoizora_lab.baselines.estimate_of`); ``could_win``:
+    candidate's IR estimate under flags, or its best for ``None``
+    (:func:`~aoizora_lab.baselines.estimate_of`: a survivor's job carries its best, the rank
+    pruning gave it, a setup's job its own flags'); ``could_win``:
     whether pruning's lower bound leaves it a chance
     (:meth:`~aoizora_lab.prune.Pruning.could_win`)."""
     origins: dict[Key, list[Origin]] = {}
@@ -153,7 +156,11 @@ def build_jobs(kept: Sequence[Candidate], flag_sets: Sequence[CompilerFlags],
         for n, s in enumerate(group.setups):
             add(s.candidate, s.flags, Origin(kind, rank=n, system=group.name, group=g,
                                              recipe=s.recipe))
-    return [CompileJob(c, f, tuple(origins[key]), estimate(c), could_win(c))
+    def survivor(key: Key) -> bool:
+        return any(o.kind is OriginKind.SURVIVOR for o in origins[key])
+
+    return [CompileJob(c, f, tuple(origins[key]), estimate(c, None if survivor(key) else f),
+                       could_win(c))
             for key, (c, f) in made.items()]
 
 

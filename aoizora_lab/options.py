@@ -26,7 +26,7 @@ from typing import Any
 
 from aoizora_lab.compile import CompilerFlags, check_timeout, compiler_flags
 from aoizora_lab.errors import AoizoraError, is_whole
-from aoizora_lab.ir_estimate import IRCacheDir
+from aoizora_lab.ir_estimate import LIBTPU_DEFAULTS, FlagAsync, IRCacheDir
 from aoizora_lab.placement import TOP_PLACEMENTS
 from aoizora_lab.topology import DeviceSource, Topology
 
@@ -34,7 +34,7 @@ SEARCHED_FLAGS: tuple[str, ...] = ("default", "maxdiffusion-ulysses", "maxdiffus
 """The flag sets the planner compiles each kept candidate with: libtpu's defaults and
 MaxDiffusion's two recommended sets, its Ulysses section's (asynchronous collective fusion
 and all-to-all) and its Wan one (the same less asynchronous all-to-all, which libtpu refuses
-on some slices: "not supported on limited ICI" on ``v5e:8x8``)."""
+on some slices: "not supported on limited ICI" on ``v5e:4x8`` and ``v5e:8x8``)."""
 
 INTERACTIVE_TIME_LIMIT_S = 300.0
 """:data:`INTERACTIVE`'s time limit: a cold plan should answer while its user still waits,
@@ -108,6 +108,14 @@ class PlanOptions:
         """The flag sets compiled on ``topology``: :attr:`flags`, only the first on CPU host
         devices (TPU flags mean nothing there)."""
         return self.flags[:1] if topology.source is DeviceSource.HOST else self.flags
+
+    def flag_async(self, topology: Topology) -> FlagAsync:
+        """What each flag set compiled on ``topology`` makes asynchronous (``prune``'s
+        ``flag_async``): libtpu's defaults only on CPU host devices, which compile no TPU
+        flags."""
+        if topology.source is DeviceSource.HOST:
+            return LIBTPU_DEFAULTS
+        return tuple(f.async_kinds for f in self.flags_on(topology))
 
     @property
     def key(self) -> tuple[Any, ...]:

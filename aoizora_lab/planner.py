@@ -190,7 +190,7 @@ def plan(workload: Workload, topology: Topology, options: PlanOptions = FULL_SEA
     stages.next("candidates", f"{len(space.valid)} valid candidates; tracing their IR")
     pruning = prune(space.valid, workload, topology, keep=options.keep,
                     ir_cache_dir=options.ir_cache_dir,
-                    flag_async=tuple(f.async_kinds for f in flag_sets))
+                    flag_async=options.flag_async(topology))
     _check_survivors(pruning, workload, topology)
     first_run = _first_run(policy, pruning, workload, topology, options)
     stages.next("pruned", f"{len(pruning.kept)} kept by the IR estimates; compiling them with "

@@ -32,7 +32,8 @@ last estimate (the 13th of 52) is 3.64 s, and two candidates past it estimate th
 tie keeps 15. It once mattered: before the estimates knew which flags make all-to-alls
 asynchronous (``flag_async``), nine Ulysses candidates tied at 3.94 s across that budget, and
 MaxDiffusion's ``cfg2-uly4-fsdpseq``, ranked just past it, compiles 1.1 % faster than every
-candidate within it.
+candidate within it. (Numbers as the planner prunes: each candidate under its best searched
+flag set, ``flag_async``; ``prune``'s own default is libtpu's flags only.)
 
 Known miss: the IR sees the collectives the step asks for (``shard_map`` ones, resharding
 constraints), not those the partitioner adds on its own, such as the guidance combine across
@@ -61,10 +62,12 @@ from aoizora_lab.candidates import Candidate
 from aoizora_lab.errors import AoizoraError
 from aoizora_lab.hardware import device_spec
 from aoizora_lab.ir_estimate import (
+    ASYNC_KINDS,
     LIBTPU_DEFAULTS,
     FlagAsync,
     IRCacheDir,
     IREstimate,
+    check_flag_async,
     estimate_ir,
     is_traced,
     trace_counts,
@@ -87,6 +90,7 @@ def estimate_candidates(candidates: Sequence[Candidate], workload: Workload,
     under ``ir_cache_dir``; ``flag_async``: what each flag set searched makes asynchronous;
     see :func:`estimate_ir`). With the cache on, the traces not cached yet run side by side in
     worker processes first (:func:`warm_in_workers`), then every estimate is read here."""
+    check_flag_async(flag_async)
     todo = [c for c in candidates if ir_cache_dir is not False and not is_traced(
         c, workload, dtype=dtype, cache_dir=ir_cache_dir)]
     warm_in_workers(_trace_in_worker, [(c, workload, dtype, ir_cache_dir) for c in todo],
@@ -154,10 +158,11 @@ class PruneDecision:
 
 
 PRUNING_COLUMNS = ("candidate", "estimate_s", "lower_bound_s", "compute_estimate_s",
-                   "comm_estimate_s", "tflops_per_device", "comm_gb_per_device",
+                   "comm_estimate_s", "also_async", "tflops_per_device", "comm_gb_per_device",
                    "param_gib_per_device", "memory_lower_bound_gib", "keep", "verdict",
                    "reason")
-"""Columns of :meth:`Pruning.to_frame`."""
+"""Columns of :meth:`Pruning.to_frame` (``also_async``: the kinds the estimate's flag set
+makes asynchronous besides libtpu's, ``IREstimate.async_kinds``)."""
 
 
 class Pruning(Records[PruneDecision]):
@@ -195,7 +200,9 @@ class Pruning(Records[PruneDecision]):
         figures = {} if e is None else {
             "estimate_s": e.estimate_seconds, "lower_bound_s": e.lower_bound_seconds,
             "compute_estimate_s": e.compute_estimate_seconds,
-            "comm_estimate_s": e.comm_estimate_seconds, "tflops_per_device": e.flops / 1e12,
+            "comm_estimate_s": e.comm_estimate_seconds,
+            "also_async": ", ".join(k for k in e.async_kinds if k not in ASYNC_KINDS),
+            "tflops_per_device": e.flops / 1e12,
             "comm_gb_per_device": e.comm_bytes / 1e9, "param_gib_per_device": e.param_bytes / GiB,
             "memory_lower_bound_gib": e.memory_lower_bound_bytes / GiB}
         return {"candidate": item.candidate.name, **figures, "keep": item.verdict.keep,
@@ -215,8 +222,10 @@ def prune(candidates: Sequence[Candidate], workload: Workload, topology: Topolog
           ) -> Pruning:
     """Decide for every candidate (rules in the module docstring); best estimate first.
     ``flag_async``: per flag set the survivors will be compiled with, the collective kinds it
-    makes asynchronous (``CompilerFlags.async_kinds``; default libtpu's own only), so a
-    candidate is estimated as its best flag set would compile it."""
+    makes asynchronous (``CompilerFlags.async_kinds``; default libtpu's own only, the
+    planner's ``PlanOptions.flag_async``), so a candidate is estimated under its best flag set
+    (unused where ``estimates`` are given)."""
+    check_flag_async(flag_async)
     if keep < 1 or bound_margin < 0 or estimate_margin < 0 or not 0 < max_fraction <= 1:
         raise AoizoraError(
             f"prune needs keep >= 1, non-negative margins and 0 < max_fraction <= 1; got "

@@ -7,7 +7,7 @@
 #       extension: .py
 #       format_name: percent
 #       format_version: '1.3'
-#       jupytext_version: 1.19.6
+#       jupytext_version: 1.19.7
 # ---
 
 # %% [markdown]
@@ -26,8 +26,11 @@
 # bandwidth of all links of a chip: nothing can beat it) and a quick **estimate** (typical
 # efficiencies, collectives priced by the topology-aware ICI model). Both apply the planner's
 # *overlap rule*: collectives the TPU compiler runs asynchronously (weight and K/V
-# all-gathers, ring permutes) hide behind compute up to its length; all-to-alls and tensor
-# parallel all-reduces add.
+# all-gathers, ring permutes) hide behind compute up to its length; tensor parallel
+# all-reduces add, and so do all-to-alls unless a flag set the planner searches makes them
+# asynchronous (MaxDiffusion's Ulysses flags do): as the planner does, each candidate is
+# estimated under each searched flag set and keeps the lowest (`also_async` names what the
+# estimate's flags hide besides).
 
 # %% tags=["parameters"]
 case = "wan2.1-t2v-1.3b@832x480x81/v5e:2x4"
@@ -44,7 +47,8 @@ from aoizora_lab.prune import Verdict, prune
 inputs = notebook_inputs(case=case)
 workload, slice_ = inputs.workload, inputs.topology
 candidates = explain_candidates(workload, slice_).valid
-pruning = prune(candidates, workload, slice_)
+pruning = prune(candidates, workload, slice_,
+                flag_async=inputs.options.flag_async(slice_))
 chip = chip_spec(slice_.generation)
 display(Markdown(f"Traced **{len(candidates)}** valid candidates of {workload.name} on "
                  f"{slice_.name}; usable HBM per chip {chip.hbm_usable_bytes / 2**30:.2f} GiB."))

@@ -87,8 +87,9 @@ display(traffic.pivot(index="program", columns="collective", values="gb").fillna
 viz.show(viz.traffic_chart(compiled))
 
 # %% [markdown]
-# Ulysses candidates pay in synchronous all-to-alls; context candidates gather every key and
-# value (large, asynchronous all-gathers); FSDP adds the weight gathers. Which of these the
+# Ulysses candidates pay in all-to-alls (synchronous unless the flags, like MaxDiffusion's
+# Ulysses set, make them asynchronous); context candidates gather every key and value (large,
+# asynchronous all-gathers); FSDP adds the weight gathers. Which of these the
 # placement can make cheaper is the subject of notebook 4.
 
 # %%

@@ -107,8 +107,8 @@ display(result.baselines.to_frame().round(4))
 
 # %% [markdown]
 # Every setup each system was tried with: what its code refuses (with the reason), and every
-# other one compiled with its recipe's flags and priced (`estimate_s` is the IR estimate, shown
-# for comparison: it cannot see what asynchronous all-to-all hides); `chosen` marks the one in
+# other one compiled with its recipe's flags and priced (`estimate_s` is the IR estimate under
+# the setup's own flags, shown for comparison: it has no schedule); `chosen` marks the one in
 # the table above.
 
 # %%

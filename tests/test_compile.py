@@ -223,6 +223,29 @@ def test_flags_are_checked_before_anything_compiles():
         compiler_flags("fast")
 
 
+def test_flag_sets_say_which_collectives_they_make_asynchronous():
+    import jax as _jax
+
+    from aoizora_lab.compile import FLAG_SETS, compiler_flags
+    from aoizora_lab.ir_estimate import LIBTPU_DEFAULTS
+    from aoizora_lab.options import PlanOptions
+
+    assert FLAG_SETS["maxdiffusion-ulysses"].async_kinds == {"all-to-all"}
+    assert FLAG_SETS["maxdiffusion-wan"].async_kinds == FLAG_SETS["default"].async_kinds == set()
+    flag = "--xla_tpu_enable_async_all_to_all"
+    assert compiler_flags(f"{flag}=1").async_kinds == {"all-to-all"}
+    assert compiler_flags(f"{flag}=True").async_kinds == {"all-to-all"}
+    assert compiler_flags(f"{flag}=true {flag}=false").async_kinds == set()  # the last wins
+    # The planner prunes with each searched set's kinds on a TPU slice, libtpu's on host
+    # devices (which compile no TPU flags, whichever set comes first).
+    options = PlanOptions(flags=("maxdiffusion-ulysses", "default"))
+    tpu = az.Topology.from_name("v5e:2x4")
+    assert options.flag_async(tpu) == (frozenset({"all-to-all"}), frozenset())
+    host = az.Topology.simulated((2, 2), devices=_jax.devices()[:4])
+    assert options.flags_on(host) == options.flags[:1]
+    assert options.flag_async(host) == LIBTPU_DEFAULTS
+
+
 def test_compile_workers_fit_the_free_memory():
     gib = 2**30
     assert compile_workers(float("nan"), 20 * gib, 2) == 2  # never measured: one per CPU

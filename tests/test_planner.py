@@ -344,7 +344,7 @@ def test_a_time_limited_plan_runs_the_setups_that_could_win_before_further_survi
                      flags)
 
     def run(limit_s, setups, max_survivors=None):
-        jobs = build_jobs(kept, [default, further], setups, lambda c: estimates[c.name],
+        jobs = build_jobs(kept, [default, further], setups, lambda c, f: estimates[c.name],
                           lambda c: c != others[3])
         policy = TimeLimited(limit_s, topology, budget=10, top=1, max_survivors=max_survivors)
         outcomes = Outcomes()
@@ -418,7 +418,7 @@ def test_further_flag_sets_compile_only_while_they_could_still_win(tmp_path):
     # plan (a limit that never comes) each survivor's further flags after its own first.
     for policy in (FullSearch(), TimeLimited(1e6, topology, budget=10, top=1)):
         calls, prices, outcomes = [], Prices(topology), Outcomes()
-        jobs = build_jobs(kept, [default, further], [], lambda c: np.nan)
+        jobs = build_jobs(kept, [default, further], [], lambda c, f: np.nan)
         with cf.ThreadPoolExecutor(1) as one, Recording(  # one at a time: a fixed order
                 WORKLOAD, topology, executor=one, cache_dir=tmp_path, describe=prices) as queue:
             run_jobs(policy.rounds(jobs), policy, queue, prices, outcomes)
@@ -473,3 +473,24 @@ def test_placement_searches_in_worker_processes_store_the_serial_rankings(tmp_pa
         serial = [rank_placements(r.program, r.candidate, topology, budget=300, top=3,
                                   flags=r.flags) for r in programs]
     assert [list(r) for r in rankings] == [list(r) for r in serial]
+
+
+def test_the_planner_prunes_under_the_flag_sets_it_searches(monkeypatch):
+    import aoizora_lab.planner as planner
+
+    class Pruned(Exception):
+        pass
+
+    seen = {}
+
+    def spy(*args, **kwargs):  # stop the plan once pruning is asked for: no compile
+        seen.update(kwargs)
+        raise Pruned
+
+    monkeypatch.setattr(planner, "prune", spy)
+    topology = az.Topology.from_name("v5e:2x4")
+    options = PlanOptions(flags=("default", "maxdiffusion-ulysses"), ir_cache_dir=False)
+    with pytest.raises(Pruned):
+        plan(WORKLOAD, topology, options)
+    assert seen["flag_async"] == options.flag_async(topology) == (
+        frozenset(), frozenset({"all-to-all"}))

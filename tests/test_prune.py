@@ -295,3 +295,17 @@ def test_pruning_estimates_each_candidate_at_the_best_flag_set_the_plan_searches
     assert after.verdict.keep and not before.verdict.keep, (before.reason, after.reason)
     host = az.Topology.simulated((2, 4), devices=jax.devices()[:8])
     assert PlanOptions().flags_on(host) == PlanOptions().flags[:1]  # TPU flags mean nothing
+
+
+def test_a_bad_flag_async_is_refused_before_any_trace(monkeypatch):
+    import aoizora_lab.prune as prune_module
+
+    def no_trace(*args, **kwargs):
+        raise AssertionError("traced before the check")
+
+    monkeypatch.setattr(prune_module, "warm_in_workers", no_trace)
+    monkeypatch.setattr(prune_module, "estimate_ir", no_trace)
+    topology = az.Topology.from_name("v5e:2x4")
+    candidates = enumerate_candidates(WORKLOAD, topology)
+    with pytest.raises(az.AoizoraError, match=r"flag_async=\('all-to-all',\)"):
+        prune(candidates, WORKLOAD, topology, flag_async=("all-to-all",))

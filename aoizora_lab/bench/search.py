@@ -247,8 +247,8 @@ def _exhaustive(workload: Workload, topology: Topology, result: Any, cache: Path
         decision = result.pruning.decision(r.candidate.name)
         row = {"workload": workload.name, "slice": topology.name, "candidate": r.candidate.name,
                "flags": r.flags.label,
-               "ir_estimate_s": (decision.estimate.estimate_seconds if decision.estimate
-                                 else math.nan),
+               "ir_estimate_s": (decision.estimate.estimate_under(r.flags.async_kinds)
+                                 if decision.estimate else math.nan),
                "kept": decision.verdict.keep, "status": r.status,
                "compile_s": r.compile_seconds, "best_total_s": math.nan, "placement": ""}
         if r.status is CompileStatus.OK:
