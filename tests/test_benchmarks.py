@@ -470,3 +470,20 @@ def test_the_generation_rows_compare_absolute_seconds_and_count_the_targets():
     assert table.loc["primary (MaxDiffusion's configs)", f"within ±{TARGET_PCT:g} %"] == "1 of 2"
     assert table.loc["all", "priced"] == "2 of 3" and (table["met"] == "missed").all()
     assert "## Generation" in GenerationCheck(frame, targets(frame)).markdown()
+
+
+def test_the_plan_quality_targets_count_only_cases_planned_by_todays_code():
+    from aoizora_lab.bench.quality import SPEEDUP_TARGET, quality_targets
+
+    rows = pd.DataFrame([
+        {"workload": "a", "slice": "v5e:2x4", "status": "ok", "record": "current",
+         "vs_best_system": 1.0, "bound": "compute", "roofline_ratio": 1.2},
+        {"workload": "b", "slice": "v5e:8x8", "status": "ok",
+         "record": "stale: planned 2026-12-04", "vs_best_system": 2 * SPEEDUP_TARGET,
+         "bound": "compute", "roofline_ratio": 9.0}])
+    targets = quality_targets(rows).set_index("target")["met"].tolist()
+    values = quality_targets(rows)["value"].tolist()
+    # The stale row would meet the speedup target and miss the roofline one: neither counts.
+    assert targets == ["missed", "met"], values
+    assert all(v.endswith("; 1 stale cases not counted") for v in values)
+    assert quality_targets(rows.iloc[:1])["value"].str.contains("stale").sum() == 0
