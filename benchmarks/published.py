@@ -902,13 +902,17 @@ def floor_summary(runs: pd.DataFrame) -> str:
     if above.empty:
         text += " The model's efficiency lies above every floor."
     else:
-        listed = "; ".join(f"{r.measurement} {r.run} {r.attention_efficiency_floor:.3g}"
-                           for r in above.itertuples())
         text += (f" {len(above)} of {len(done)} floors lie above the model's efficiency "
-                 f"({listed}): on those runs the model's steps alone take longer than the "
-                 "published time (negative implied_non_dit_s), so the model's "
+                 f"({_floors_listed(above)}): on those runs the model's steps alone take "
+                 "longer than the published time (negative implied_non_dit_s), so the model's "
                  "attention_efficiency is below what they allow.")
     return text + " " + _kernel_floors(done)
+
+
+def _floors_listed(rows: pd.DataFrame) -> str:
+    """``measurement run floor`` of each row, for the floor summaries."""
+    return "; ".join(f"{r.measurement} {r.run} {r.attention_efficiency_floor:.3g}"
+                     for r in rows.itertuples())
 
 
 def _kernel_floors(done: pd.DataFrame) -> str:
@@ -919,10 +923,9 @@ def _kernel_floors(done: pd.DataFrame) -> str:
     for kernel, rows in done.groupby("kernel", sort=False):
         spread = spreads[kernel]
         over = rows[rows["attention_efficiency_floor"] > spread.high]
-        listed = "; ".join(f"{r.measurement} {r.run} {r.attention_efficiency_floor:.3g}"
-                           for r in over.itertuples())
         parts.append(f"{kernel} ({spread.low:g}-{spread.high:g}): {len(over)} of {len(rows)} "
-                     f"floors above its top" + (f" ({listed})" if listed else ""))
+                     f"floors above its top"
+                     + (f" ({_floors_listed(over)})" if len(over) else ""))
     return ("Against each run's own kernel's sourced range (`uncertainty.KERNELS`, the "
             "ensemble's): " + "; ".join(parts) + ". A floor above its kernel's top is a "
             "published time that no efficiency in the range reaches.")
