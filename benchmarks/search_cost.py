@@ -32,7 +32,8 @@ def run(cases: Iterable[Case | str] = SEARCH_COST_MATRIX, *, num_layers: int | N
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_cases_option(parser, SEARCH_COST_MATRIX,
-                     "wan2.1-t2v-14b@1280x720x81/v5e:4x4, the case the targets are stated for")
+                     "14B@720p on v5e:4x4 (the case the targets are stated for) and the two "
+                     "8-chip Wan 2.1 cases")
     parser.add_argument("--num-layers", type=int, default=None,
                         help="compile depth (default: the planner's, the full model)")
     parser.add_argument("--budget", type=int, default=20_000,
