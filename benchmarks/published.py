@@ -239,7 +239,11 @@ class RunPair:
     difference: bool = True
     """Compare ``a - b`` (same slice and pipeline: N cancels); not for scaling pairs."""
     not_modelled: str = ""
-    """Why the pipeline cannot rebuild it, when that is known without trying."""
+    """Why the pipeline cannot rebuild the comparison, when that is known without trying."""
+    runs_rebuilt: bool = True
+    """Whether each run is still a published time of a program the pipeline rebuilds, checked
+    absolutely where the comparison is not modelled (PR #452: two kernels, one program);
+    ``False`` where the runs themselves are not rebuilt (two videos per generation)."""
     note: str = ""
     timed: str = WHOLE_GENERATION
     """What the published times cover: :data:`WHOLE_GENERATION` or :data:`DENOISE_LOOP`."""
@@ -306,6 +310,7 @@ TOKAMAX, RING_CUSTOM = "tokamax", "ring-custom"
 # num_inference_steps at the PR's commit 7528f71 (CONFIG_27B); PR #452 times the same setup,
 # "720p 81f T2V, 40 steps, v7x-8, dp2 x (ring2 x uly2)", at 109.3 s (below).
 PR430_ULYSSES_DENOISE, PR430_2D_RING_DENOISE = 122.6, 109.8
+PR430_ULYSSES_INFERENCE, PR430_2D_RING_INFERENCE = 126.9, 116.0
 # PR #452, Result, "720p 81f T2V, 40 steps, v7x-8, `dp2 x (ring2 x uly2)`": "Denoise total"
 # `ulysses_ring_custom` (baseline, block_q / block_kv 9472 / 1024) 109.3s (2.733 s/step),
 # `ulysses_ring_custom_fixed_m` (6400 / 2048) 105.3s (2.633 s/step).
@@ -358,7 +363,7 @@ PAIRS: tuple[RunPair, ...] = (
             Run("flash", V6E_720P_I2V, FLASH4, 40, 533.67),
             Run("ulysses", V6E_720P_I2V, ULYSSES4, 40, 491.22),
             not_modelled="a Workload has no video batch (Workload.batch is the CFG passes of "
-                         "one video)"),
+                         "one video)", runs_rebuilt=False),
     readme_ulysses("v6e-8", V6E_720P_I2V, "the PR #376 setup"),
     readme_ulysses("v7x-8", f"{WAN22_I2V}/{V7X8}", "dp2 x cp4"),
     readme_ring("v7x-8", f"{WAN21}/{V7X8}", RING4, FLASH4, "Wan 2.1", 50, V7X8_WAN21_RING,
@@ -381,6 +386,13 @@ PAIRS: tuple[RunPair, ...] = (
             note="denoise totals; 2D ring published with ulysses_ring_custom (custom splash "
                  "ring kernel), Ulysses as the 'best Ulysses config' (kernel not named: taken "
                  "as attention=ulysses, jax's splash); steps from base_wan_27b.yml"),
+    # The same two runs' "Inference" totals: the whole generation (text, steps, decode).
+    RunPair("PR #430 v7x-8 Ulysses / 2D ring (U=2, R=2), inference", PR_430,
+            "as the denoise totals, the whole generation (the PR's 'Inference', VAE encode 0 s)",
+            Run("ulysses", f"{WAN22_T2V}/{V7X8}", ULYSSES4, 40, PR430_ULYSSES_INFERENCE),
+            Run("2D ring", f"{WAN22_T2V}/{V7X8}", ULYSSES_RING4, 40, PR430_2D_RING_INFERENCE,
+                RING_CUSTOM),
+            note="inference totals of the runs above: the same prediction, N no longer 0"),
     RunPair("PR #452 v7x-8 2D ring online / fixed-m softmax", PR_452,
             "Wan2.2 T2V 720p 81 frames, 40 steps, dp2 x (ring 2 x Ulysses 2)",
             Run("ulysses_ring_custom", f"{WAN22_T2V}/{V7X8}", ULYSSES_RING4, 40,
@@ -1463,18 +1475,18 @@ def published_check(predictor: Predictor, *, gathers: Iterable[GatherMeasurement
     published figures its ranges were taken from); with ``vaes``
     (:func:`vae_predictor`), every run also absolutely (:func:`absolute_targets`)."""
     pairs, gathers = list(pairs), list(gathers)
-    wanted = [run.key for p in pairs if not p.not_modelled and p.a.key != p.b.key
-              for run in (p.a, p.b)]
-    predictions = predictor(list(dict.fromkeys(wanted)))
+    # Every rebuilt run is predicted (checked absolutely), also where its pair's comparison
+    # is not modelled.
+    rebuilt = [pair for pair in pairs if pair.runs_rebuilt]
+    predictions = predictor(list(dict.fromkeys(run.key for p in rebuilt for run in (p.a, p.b))))
     rows = [pair_row(pair, predictions) for pair in pairs]
     independent = pd.DataFrame(prediction_rows(pairs, rows, predictions),
                                columns=list(PREDICTION_COLUMNS))
-    modelled = [pair for pair in pairs if not pair.not_modelled and pair.a.key != pair.b.key]
     vae_parts = {} if vaes is None else vaes(
-        [run.case for pair in modelled if pair.timed == WHOLE_GENERATION
+        [run.case for pair in rebuilt if pair.timed == WHOLE_GENERATION
          for run in (pair.a, pair.b)])
     run_rows = [run_row(pair, run, predictions[run.key], vae_parts.get(run.case))
-                for pair in modelled for run in (pair.a, pair.b)]
+                for pair in rebuilt for run in (pair.a, pair.b)]
     comparisons = pd.DataFrame(rows, columns=list(COMPARISON_COLUMNS))
     lone = gather_rows(gathers, topology_of)
     gather_table = pd.DataFrame(lone, columns=list(GATHER_COLUMNS))

@@ -346,13 +346,34 @@ def test_pr_430s_2d_ring_is_ulysses_2_on_a_chip_times_ring_2_across_chips():
     assert parse_case(pair.a.case).workload.model == "wan2.2-t2v-a14b"
 
 
-def test_pr_452s_kernel_change_is_not_modelled_and_asks_for_no_compile():
+def test_pr_452s_kernel_change_is_not_compared_but_each_run_is_checked_absolutely():
     pair = next(p for p in published.PAIRS if p.source == published.PR_452)
-    assert pair.a.key == pair.b.key and pair.not_modelled
+    assert pair.a.key == pair.b.key and pair.not_modelled and pair.runs_rebuilt
     seen = []
-    result = _check([pair], seen=seen)
-    assert seen == [] and result.predictions.empty
+    result = _check([pair], step_of={published.ULYSSES_RING4: 2.6}, seen=seen)
+    assert seen == [pair.a.key] and result.predictions.empty  # one program, no comparison
     assert result.comparisons["status"].iloc[0].startswith("not modelled")
+    runs = result.runs.set_index("run")
+    for run in (pair.a, pair.b):  # one prediction, each published time against it
+        assert runs.at[run.label, "tpu_s"] == pytest.approx(40 * 2.6)
+        assert runs.at[run.label, "tpu_error_pct"] == pytest.approx(
+            (40 * 2.6 / run.published_s - 1) * 100)
+
+
+def test_runs_that_are_not_rebuilt_ask_for_nothing_and_have_no_rows():
+    batch2 = next(p for p in published.PAIRS if p.key.endswith("batch 2"))
+    assert batch2.not_modelled and not batch2.runs_rebuilt
+    seen = []
+    result = _check([batch2], seen=seen)
+    assert seen == [] and result.runs.empty
+
+
+def test_pr_430s_inference_totals_check_the_denoise_pairs_prediction_with_n_left_in():
+    loop, whole = (p for p in published.PAIRS if p.source == published.PR_430)
+    assert loop.timed == published.DENOISE_LOOP and whole.timed == published.WHOLE_GENERATION
+    assert published.prediction_key(loop) == published.prediction_key(whole)
+    # Each run's inference total is its denoise total plus the rest of the generation.
+    assert whole.a.published_s > loop.a.published_s and whole.b.published_s > loop.b.published_s
 
 
 def test_every_published_pair_keeps_its_source_and_the_section_says_what_was_fitted():
