@@ -212,7 +212,15 @@ def _plan_command(args: argparse.Namespace) -> int:
             video = plan_generation(best, steps)
             print(f"\nThe whole video ({steps} steps; text encoder and VAE decoder planned on "
                   f"the same slice, each on its own mesh): {video.total_s:.4g} s")
-            print(video.to_frame().to_string(float_format=lambda v: f"{v:.4g}"))
+            frame = video.to_frame()
+            print(frame.to_string(float_format=lambda v: f"{v:.4g}"))
+            print(f"The DiT's weights stay in HBM ({video.resident_bytes / 2**30:.3g} GiB per "
+                  "device): each part runs its fastest split that fits beside them (hbm_gib, "
+                  "fits); dit_order_s: the part on the DiT plan's device order; "
+                  "maxdiffusion_s: MaxDiffusion's VAE program on this slice.")
+            for part in frame.loc[frame["fits"].eq(False), "part"]:
+                print(f"  {part}: no split fits beside the DiT's weights; the video needs them "
+                      "out of HBM while it runs (offloaded, not priced).")
             shard = video.expert_bytes_per_device / 2**30
             if shard and workload.swap_experts:
                 print(f"One expert resident, the other swapped in from the host "

@@ -36,8 +36,23 @@ swapping would free.
 The parts run one after the other on the same slice, each on its own mesh: a mesh is a Python
 object, so changing it between parts costs only moving what one part hands the next (the text
 states, 2 x 512 x 4096 values; the latent, 16 x 21 x 90 x 160 at 720p: a few MB each, against
-seconds of work), which is not priced. Whatever runs on the host (tokenising, the scheduler's
-arithmetic, copying the video out) is not modelled either: the breakdown is TPU time.
+seconds of work), which is not priced. Each part's split is also priced on the DiT plan's own
+device order (the mesh not changing: the same devices in the same order, the part's axes over
+them; ``dit_order_s``), beside the library order it runs on. Whatever runs on the host
+(tokenising, the scheduler's arithmetic, copying the video out) is not modelled either: the
+breakdown is TPU time.
+
+The DiT's weights stay in HBM for the whole video (every resident expert, sharded as the step
+plan shards them: :attr:`Generation.resident_bytes`), as MaxDiffusion's pipeline keeps its
+transformer while it encodes and decodes. So a part runs the fastest split whose compiled peak
+fits beside them (:meth:`Generation.chosen`); where none does, the fastest is shown with
+``fits`` false: that video needs the DiT's weights out of HBM while the part runs (the
+official code's ``offload_model``), which is not priced.
+
+MaxDiffusion's VAE programs (:func:`maxdiffusion_vae_parts`: the latent's width over every
+device, a latent frame at a time, float32) are compiled beside the splits as the VAE's
+baseline (``maxdiffusion_s``); the text encoder has none on the TPU (MaxDiffusion encodes the
+prompts on the host CPU, in PyTorch).
 
 Worked example: Wan 2.1 14B at 720p on ``v6e:2x4`` with 50 steps is the DiT plan's step x 50,
 plus the encoder's best split (the two prompts on two groups of devices, heads over up to
@@ -50,22 +65,30 @@ measurements".
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
 
+from aoizora_lab.cost import Predicted, predict
 from aoizora_lab.errors import AoizoraError, is_whole
+from aoizora_lab.hardware import device_spec
 from aoizora_lab.models.wan import SAMPLING, Sampling, expert_steps
 from aoizora_lab.parts import (
+    DecodePart,
+    PricedPart,
     PricedParts,
+    VaePart,
     VideoEncodePart,
     encode_splits,
     plan_part,
     vae_for,
     vae_splits,
 )
+from aoizora_lab.placement import Placement
 from aoizora_lab.realize import Plan
+from aoizora_lab.topology import Topology
 from aoizora_lab.workload import DEFAULT_TEXT_LEN, Workload
 
 HOST_TO_HBM_BYTES_PER_S = 1.5e10
@@ -73,6 +96,27 @@ HOST_TO_HBM_BYTES_PER_S = 1.5e10
 v6e ("How to Think About TPUs", https://jax-ml.github.io/scaling-book/tpus/, its problem on
 PCIe operational intensity), taken for every chip (it gives no other); the chips of a host
 each have their own link, so a sharded swap moves every shard side by side."""
+
+
+def maxdiffusion_vae_parts(workload: Workload, topology: Topology) -> dict[str, VaePart]:
+    """What MaxDiffusion's Wan pipeline (7cfb880, the README's version) runs on its VAE, as
+    parts: the decode, the latent's width over every device (``vae_spatial: -1``), a latent
+    frame at a time (``vae_decode_chunk: 1``), float32 (``vae_dtype``); for image-to-video
+    with condition channels also the encode of the condition video
+    (``prepare_latents_i2v_base``: the image then zero frames, through the same VAE module,
+    so split as its decode, the official first frame then 4 at a time). Empty where the
+    latent's width has too few columns for every device (:data:`~aoizora_lab.parts.MIN_TILE`:
+    MaxDiffusion would pad; not rebuilt)."""
+    latent = (1, *workload.latent_shape)
+    try:
+        decode = DecodePart(latent, vae=vae_for(latent), rows=1, cols=topology.num_devices,
+                            chunk=1)
+    except AoizoraError:
+        return {}
+    if not workload.config().condition_channels:
+        return {"decode": decode}
+    return {"decode": decode, "video_encode": VideoEncodePart(
+        decode.latent, rows=decode.rows, cols=decode.cols, chunk=1)}
 
 
 def official_sampling(workload: Workload) -> Sampling:
@@ -103,19 +147,55 @@ class Generation:
     video_encode: PricedParts = dataclasses.field(default_factory=PricedParts)
     """Image-to-video: the VAE encoder splits tried on the condition (the video, or TI2V-5B's
     image; ``best`` runs); empty otherwise."""
+    maxdiffusion: dict[str, PricedPart] = dataclasses.field(default_factory=dict)
+    """MaxDiffusion's VAE programs on this slice (:func:`maxdiffusion_vae_parts`, by role:
+    ``decode``, ``video_encode``), priced as parts: the VAE plan's baseline; empty where not
+    asked for or not rebuilt."""
+
+    @property
+    def resident_bytes(self) -> float:
+        """DiT weight bytes per device in HBM through the whole video: every resident expert
+        (:attr:`~aoizora_lab.workload.Workload.resident_experts`) stored as the step's plan
+        shards it, in bfloat16 (module docstring)."""
+        return (self.step.candidate.weight_bytes_per_device(self.workload.config())
+                * self.workload.resident_experts)
+
+    def fits(self, part: PricedPart) -> bool:
+        """Whether ``part``'s compiled peak fits in a device's usable HBM beside
+        :attr:`resident_bytes`."""
+        usable = device_spec(self.step.topology).hbm_usable_bytes
+        return part.hbm_bytes + self.resident_bytes <= usable
+
+    def chosen(self, parts: PricedParts) -> PricedPart | None:
+        """The split a part runs: the fastest that compiled and :meth:`fits`, else the fastest
+        that compiled (its row says it does not fit); ``None`` where none compiled."""
+        fitting = [p for p in parts if p.ok and self.fits(p)]
+        return min(fitting, key=lambda p: p.seconds) if fitting else parts.best
+
+    def _seconds(self, parts: PricedParts) -> float:
+        chosen = self.chosen(parts)
+        return chosen.seconds if chosen else math.nan
+
+    def on_dit_order(self, part: PricedPart) -> Predicted | None:
+        """``part``'s program priced on the DiT plan's device order (the mesh not changing
+        between the parts; module docstring); ``None`` where it did not compile."""
+        if part.program is None:
+            return None
+        order = Placement(self.step.placement.order, "the DiT plan's device order")
+        return predict(part.program, self.step.topology, order)
 
     @property
     def encode_s(self) -> float:
-        return self.encode.best_s
+        return self._seconds(self.encode)
 
     @property
     def decode_s(self) -> float:
-        return self.decode.best_s
+        return self._seconds(self.decode)
 
     @property
     def video_encode_s(self) -> float:
         """The condition video's encode (0 where the model has none, NaN where none compiled)."""
-        return self.video_encode.best_s if len(self.video_encode) else 0.0
+        return self._seconds(self.video_encode) if len(self.video_encode) else 0.0
 
     @property
     def expert_bytes_per_device(self) -> float:
@@ -151,16 +231,27 @@ class Generation:
                 + self.decode_s)
 
     def to_frame(self) -> pd.DataFrame:
-        """One row per part: its plan, seconds per call, calls, seconds and share."""
+        """One row per part: its plan, seconds per call, calls, seconds and share; for the
+        encoders and the decode also its HBM per device beside the DiT's weights
+        (``hbm_gib``), whether that ``fits``, its seconds on the DiT plan's device order
+        (``dit_order_s``) and MaxDiffusion's program's (``maxdiffusion_s``, NaN where it has
+        none)."""
         rows: list[dict[str, Any]] = []
-        named = [("text encoder", self.encode), ("VAE decode", self.decode)]
+        named = [("text encoder", self.encode, ""), ("VAE decode", self.decode, "decode")]
         if len(self.video_encode):
-            named.insert(1, ("VAE encode (image condition)", self.video_encode))
-        for name, parts in named:
-            best = parts.best
+            named.insert(1, ("VAE encode (image condition)", self.video_encode, "video_encode"))
+        for name, parts, role in named:
+            best = self.chosen(parts)
+            dit_order = self.on_dit_order(best) if best else None
+            baseline = self.maxdiffusion.get(role)
             rows.append({"part": name, "plan": best.part.name if best else "none compiled",
                          "order": best.placement.description if best else "",
-                         "per_call_s": parts.best_s, "calls": 1})
+                         "per_call_s": best.seconds if best else math.nan, "calls": 1,
+                         "hbm_gib": ((best.hbm_bytes + self.resident_bytes) / 2**30
+                                     if best else math.nan),
+                         "fits": self.fits(best) if best else None,
+                         "dit_order_s": dit_order.total_s if dit_order else math.nan,
+                         "maxdiffusion_s": baseline.seconds if baseline else math.nan})
         step = self.step
         high, low = self.expert_steps
         names = (("DiT steps (high-noise expert)", high), ("DiT steps (low-noise expert)", low)
@@ -189,12 +280,15 @@ def check_steps(steps: Any) -> None:
         )
 
 
-def plan_generation(step: Plan, steps: int | None = None, **kwargs: Any) -> Generation:
+def plan_generation(step: Plan, steps: int | None = None, *, maxdiffusion: bool = True,
+                    **kwargs: Any) -> Generation:
     """The whole video around a DiT plan ``step`` (``planner.plan(...).best``): the encoder's
     and the decoder's splits compiled and priced on the same slice (``kwargs`` go to
     :func:`~aoizora_lab.parts.price_part`: ``cache_dir``, ``timeout_s``, ``options``).
     ``steps``: the preset's official ``sample_steps`` unless given; an A14B video's experts
-    split them as the official schedule at that many steps does."""
+    split them as the official schedule at that many steps does. ``maxdiffusion``: compile
+    MaxDiffusion's VAE programs beside the splits as the baseline (one more compile per VAE
+    part, minutes on 2 cores)."""
     workload, topology = step.workload, step.topology
     # The official sampler sets the default steps and, for A14B, where the experts switch.
     sampling = (official_sampling(workload) if steps is None or workload.experts > 1
@@ -207,13 +301,22 @@ def plan_generation(step: Plan, steps: int | None = None, **kwargs: Any) -> Gene
     encode = plan_part(encode_splits(n, prompts=2 if workload.cfg else 1,
                                      text_len=DEFAULT_TEXT_LEN), topology, **kwargs)
     latent = (1, *workload.latent_shape)
-    decode = plan_part(vae_splits(latent, n, vae=vae_for(latent)), topology, **kwargs)
+    baselines = maxdiffusion_vae_parts(workload, topology) if maxdiffusion else {}
+
+    def vae(splits: list[VaePart], role: str) -> PricedParts:
+        # MaxDiffusion's program compiles beside the splits (it may be one of them).
+        extra = [baselines[role]] if role in baselines and baselines[role] not in splits else []
+        return plan_part([*splits, *extra], topology, **kwargs)
+
+    decode = vae(vae_splits(latent, n, vae=vae_for(latent)), "decode")
     model = workload.config()
     condition = (latent if model.condition_channels  # the image then zero frames
                  else (*latent[:2], 1, *latent[3:]) if model.model_type == "ti2v"  # the image
                  else None)
-    video_encode = (PricedParts() if condition is None else plan_part(
-        vae_splits(condition, n, part=VideoEncodePart, vae=vae_for(condition)), topology,
-        **kwargs))
+    video_encode = (PricedParts() if condition is None else vae(
+        vae_splits(condition, n, part=VideoEncodePart, vae=vae_for(condition)), "video_encode"))
+    priced = {role: p for role, parts in (("decode", decode), ("video_encode", video_encode))
+              for p in parts if role in baselines and p.part == baselines[role]}
     return Generation(workload=workload, steps=steps, expert_steps=split, step=step,
-                      encode=encode, decode=decode, video_encode=video_encode)
+                      encode=encode, decode=decode, video_encode=video_encode,
+                      maxdiffusion=priced)

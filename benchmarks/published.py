@@ -663,37 +663,13 @@ VaePredictor = Callable[[Iterable[str]], Mapping[str, Mapping[str, Any]]]
 for image-to-video, ``"video_encode"``, each a ``parts.PricedPart``."""
 
 
-def maxdiffusion_decode(workload: Workload, topology: Topology) -> Any:
-    """MaxDiffusion's decode of a workload's video at 7cfb880 (the README's version): the
-    latent's width over every device (``vae_spatial: -1``), a latent frame at a time
-    (``vae_decode_chunk: 1``), float32 (``vae_dtype``), as ``parts.DecodePart``."""
-    from aoizora_lab.parts import DecodePart, vae_for
-
-    latent = (1, *workload.latent_shape)
-    return DecodePart(latent, vae=vae_for(latent), rows=1, cols=topology.num_devices, chunk=1)
-
-
-def maxdiffusion_vae_parts(workload: Workload, topology: Topology) -> dict[str, Any]:
-    """What MaxDiffusion's pipeline runs on its VAE: the decode, and for image-to-video the
-    encode of the condition video (``prepare_latents_i2v_base``: the image then zero frames,
-    all of the video's frames, through the same VAE module, so split as its decode: the width
-    over every device, the official first frame then 4 at a time, float32), as
-    ``parts.VideoEncodePart``."""
-    from aoizora_lab.parts import VideoEncodePart
-
-    decode = maxdiffusion_decode(workload, topology)
-    if not workload.config().condition_channels:
-        return {"decode": decode}
-    return {"decode": decode, "video_encode": VideoEncodePart(
-        decode.latent, rows=decode.rows, cols=decode.cols, chunk=1)}
-
-
 def vae_predictor(*, cache_dir: str | Path | None = None, timeout_s: float = 1800.0,
                   progress: Callable[[str], None] | None = None) -> VaePredictor:
-    """Compile and price :func:`maxdiffusion_vae_parts` per case (``parts.price_part``), once
+    """Compile and price ``generation.maxdiffusion_vae_parts`` per case (``parts.price_part``), once
     per distinct part: Wan 2.1 14B and both A14B models decode the same latent, and a part
     that timed out is not cached, so asking again would wait out the time-out again."""
     from aoizora_lab import parts
+    from aoizora_lab.generation import maxdiffusion_vae_parts
 
     def run(cases: Iterable[str]) -> dict[str, dict[str, Any]]:
         out: dict[str, dict[str, Any]] = {}

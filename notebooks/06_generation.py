@@ -23,13 +23,18 @@
 #    runs the steps above the boundary timestep and the low-noise expert the rest);
 # 3. the **VAE decoder**: once, on the final latent, to pixels.
 #
-# `plan_generation` plans the two other programs as *parts*: each is split over the slice in a
-# few ways worth trying, every split compiled deviceless with the TPU compiler and priced by
-# the same model as the step, and the fastest kept. Each part has its own mesh; switching
-# meshes between parts moves only the text states and the latent (a few MB), which is not
-# priced. So
+# An image-to-video model also runs the VAE *encoder* once, on its condition (the image, then
+# zero frames; TI2V-5B's image alone), before the steps.
 #
-#     seconds = encode + steps x step + decode
+# `plan_generation` plans the programs other than the step as *parts*: each is split over the
+# slice in a few ways worth trying, every split compiled deviceless with the TPU compiler and
+# priced by the same model as the step. The DiT's weights stay in HBM for the whole video, so
+# a part runs the fastest split whose memory fits **beside them** (`fits`). Each part has its
+# own mesh; switching meshes between parts moves only the text states and the latent (a few
+# MB), which is not priced, and `dit_order_s` says what the part would take on the DiT plan's
+# own device order instead. So
+#
+#     seconds = encode (+ video encode) + steps x step + decode
 
 # %% tags=["parameters"]
 case = "wan2.1-t2v-1.3b@832x480x81/v5e:2x4"
@@ -74,15 +79,28 @@ viz.show(viz.generation_chart(frame))
 # Each split runs all frames at once or **streamed** (`chunk`: the first latent frame alone,
 # then `chunk` at a time, carrying each causal convolution's last frames), as the official
 # code and MaxDiffusion decode; streaming bounds the activations' memory.
+#
+# The baseline is **MaxDiffusion's decode**, compiled beside the splits: the latent's width
+# over every device (`vae_spatial: -1`), one latent frame at a time, float32
+# (`maxdiffusion_s` in the breakdown above; NaN where the latent is too narrow for every
+# device).
 
 # %%
 display(video.decode.to_frame().drop(columns=["message"]))
-decode = video.decode.best
+decode = video.chosen(video.decode)
+maxdiffusion = video.maxdiffusion.get("decode")
 if decode is None:
     display(Markdown("**No decode split compiled** (see the `status` column)."))
 else:
-    display(Markdown(f"Fastest split: **{decode.part.name}**, {decode.seconds:.2f} s, "
-                     f"{decode.hbm_bytes / 2**30:.1f} GiB per device."))
+    beside = (f"{(decode.hbm_bytes + video.resident_bytes) / 2**30:.1f} GiB per device with "
+              f"the DiT's weights ({video.resident_bytes / 2**30:.1f} GiB)")
+    display(Markdown(
+        f"Chosen split: **{decode.part.name}**, {decode.seconds:.2f} s, {beside}"
+        + ("" if video.fits(decode) else ": **does not fit**, the DiT's weights would have "
+           "to leave HBM while it runs")
+        + (f"; MaxDiffusion's decode: {maxdiffusion.seconds:.2f} s "
+           f"({maxdiffusion.seconds / decode.seconds:.2f}x)" if maxdiffusion and maxdiffusion.ok
+           else "") + "."))
     display(decode.program.to_frame()[["kind", "bytes", "count", "group_size", "num_groups"]]
             .groupby(["kind", "group_size"], as_index=False)
             .agg(collectives=("count", "size"), runs=("count", "sum"),
@@ -117,3 +135,5 @@ record("encode_s", video.encode_s)
 record("decode_s", video.decode_s)
 record("decode_split", decode.part.name if decode is not None else "")
 record("decode_splits_tried", len(video.decode))
+record("decode_fits_beside_dit", video.fits(decode) if decode is not None else None)
+record("maxdiffusion_decode_s", maxdiffusion.seconds if maxdiffusion and maxdiffusion.ok else None)

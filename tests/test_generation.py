@@ -1,6 +1,7 @@
 """A whole video's time: the parts add up, each part runs its fastest split that compiled,
 the splits asked for follow the workload, and the CLI prints the breakdown."""
 
+import dataclasses
 import math
 
 import jax
@@ -10,12 +11,15 @@ from tiny import fake_plan_part, priced_part
 from aoizora_lab import cli, generation, viz
 from aoizora_lab.candidates import Candidate
 from aoizora_lab.cases import parse_case
-from aoizora_lab.cost import Predicted
+from aoizora_lab.comm_model import Collective
+from aoizora_lab.cost import Predicted, predict
 from aoizora_lab.errors import AoizoraError
 from aoizora_lab.generation import Generation, plan_generation
+from aoizora_lab.hardware import device_spec
+from aoizora_lab.hlo import CommProgram
 from aoizora_lab.models.wan import SAMPLING, param_leaves, sampling_timesteps
 from aoizora_lab.parts import DecodePart, EncodePart, PricedParts, VideoEncodePart
-from aoizora_lab.placement import plain_order
+from aoizora_lab.placement import Placement, plain_order
 from aoizora_lab.realize import Plan
 from aoizora_lab.topology import Topology
 from aoizora_lab.workload import Workload
@@ -175,3 +179,88 @@ def test_the_chart_shows_each_part_in_running_order_with_its_share(monkeypatch):
     assert colors["text encoder"] != colors["VAE decode"]
     with pytest.raises(AoizoraError, match=r"generation_chart needs columns \['share'\]"):
         viz.generation_chart(frame.drop(columns=["share"]))
+
+
+def _weight_bytes(workload):
+    """Every weight of one expert, bfloat16 (what a plan without weight sharding holds)."""
+    return sum(math.prod(leaf[0]) * 2 for leaf in jax.tree.leaves(
+        param_leaves(workload.config()), is_leaf=lambda n: isinstance(n, tuple) and len(n) == 3
+        and isinstance(n[0], tuple)))
+
+
+def test_the_dits_resident_weights_count_every_resident_expert():
+    resident = Workload.parse("wan2.2-t2v-a14b@1280x720x81")
+    step = dataclasses.replace(_step(2.0, resident), candidate=Candidate.from_name("cfg2-uly4"))
+    video = Generation(workload=resident, steps=40, expert_steps=(26, 14), step=step,
+                       encode=PricedParts(), decode=PricedParts())
+    assert video.resident_bytes == pytest.approx(2 * _weight_bytes(resident))  # both experts
+    swapped = Workload.parse("wan2.2-t2v-a14b@1280x720x81-swap")
+    assert dataclasses.replace(video, workload=swapped).resident_bytes == pytest.approx(
+        _weight_bytes(swapped))
+
+
+def test_a_part_runs_its_fastest_split_that_fits_beside_the_dits_weights():
+    step = _step(2.0)
+    latent = (1, *CASE.workload.latent_shape)
+    fast, slow = (DecodePart(latent, rows=2, cols=4), DecodePart(latent, rows=1, cols=8))
+    video = Generation(workload=CASE.workload, steps=50, expert_steps=(50, 0), step=step,
+                       encode=PricedParts(), decode=PricedParts())
+    usable = device_spec(step.topology).hbm_usable_bytes
+    room = usable - video.resident_bytes
+    assert room > 0
+    too_big = dataclasses.replace(priced_part(fast, 1.0), hbm_bytes=room + 2**20)
+    fitting = dataclasses.replace(priced_part(slow, 1.5), hbm_bytes=room - 2**20)
+    video = dataclasses.replace(video, decode=PricedParts([too_big, fitting]))
+    assert not video.fits(too_big) and video.fits(fitting)
+    assert video.decode.best is too_big  # the fastest that compiled ...
+    assert video.chosen(video.decode) is fitting and video.decode_s == 1.5  # ... does not run
+    row = video.to_frame().set_index("part").loc["VAE decode"]
+    assert row["plan"] == slow.name and bool(row["fits"])
+    assert row["hbm_gib"] == pytest.approx((fitting.hbm_bytes + video.resident_bytes) / 2**30)
+    # Where no split fits, the fastest is shown, marked as not fitting.
+    alone = dataclasses.replace(video, decode=PricedParts([too_big]))
+    assert alone.chosen(alone.decode) is too_big and alone.decode_s == 1.0
+    assert not alone.to_frame().set_index("part").loc["VAE decode", "fits"]
+
+
+def test_maxdiffusions_vae_compiles_beside_the_splits_as_the_baseline(monkeypatch):
+    fake, asked = fake_plan_part([0.3, 0.2, 0.25, 0.4, 0.9])
+    monkeypatch.setattr(generation, "plan_part", fake)
+    video = plan_generation(_step(2.0), steps=40)
+    decodes = asked[1]
+    maxdiffusion = generation.maxdiffusion_vae_parts(CASE.workload, _step().topology)["decode"]
+    assert (maxdiffusion.rows, maxdiffusion.cols, maxdiffusion.chunk) == (1, 8, 1)
+    assert decodes.count(maxdiffusion) == 1 and decodes[:-1] == generation.vae_splits(
+        maxdiffusion.latent, 8)
+    assert video.maxdiffusion["decode"].part == maxdiffusion
+    row = video.to_frame().set_index("part")
+    assert row.loc["VAE decode", "maxdiffusion_s"] == video.maxdiffusion["decode"].seconds
+    assert math.isnan(row.loc["text encoder", "maxdiffusion_s"])  # MaxDiffusion's is on the host
+    # Asked not to, nothing more compiles.
+    asked.clear()
+    bare = plan_generation(_step(2.0), steps=40, maxdiffusion=False)
+    assert maxdiffusion not in asked[1] and bare.maxdiffusion == {}
+
+
+def test_maxdiffusions_vae_is_not_rebuilt_where_the_latent_is_too_narrow():
+    # 480p's latent is 104 wide: 256 devices would hold less than MIN_TILE columns each.
+    narrow = parse_case("wan2.1-t2v-1.3b@832x480x81/v5e:16x16")
+    assert generation.maxdiffusion_vae_parts(narrow.workload, narrow.topology()) == {}
+
+
+def test_a_part_is_priced_on_the_dits_device_order_too():
+    step = _step(2.0)
+    # Logical neighbours 0-1 and 2-3 on chips across the slice.
+    spread = Placement((0, 7, 1, 6, 2, 5, 3, 4), "spread")
+    step = dataclasses.replace(step, placement=spread)
+    program = CommProgram((Collective("collective-permute", [(0, 1), (1, 0), (2, 3), (3, 2)],
+                                      64e6),), 8)
+    part = dataclasses.replace(priced_part(DecodePart((1, *CASE.workload.latent_shape)), 1.0),
+                               program=program)
+    video = Generation(workload=CASE.workload, steps=50, expert_steps=(50, 0), step=step,
+                       encode=PricedParts(), decode=PricedParts([part]))
+    on_dit = video.on_dit_order(part)
+    assert on_dit.total_s == predict(program, step.topology, Placement(spread.order)).total_s
+    assert on_dit.total_s > predict(program, step.topology, plain_order(step.topology)).total_s
+    assert video.to_frame().set_index("part").loc["VAE decode", "dit_order_s"] == on_dit.total_s
+    assert video.on_dit_order(priced_part(part.part, 1.0)) is None  # no program, no price

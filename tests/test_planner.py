@@ -184,6 +184,7 @@ def test_the_plan_is_assessed_under_an_ensemble_and_printed_with_its_odds(planne
     whole = 0.25 + 40 * planned.best.predicted.total_s + 0.25
     assert "The whole video (40 steps; text encoder and VAE decoder" in out
     assert f"{whole:.4g} s" in out
+    assert "The DiT's weights stay in HBM" in out and "no split fits" not in out
 
 
 @pytest.mark.slow  # the planned fixture compiles in child processes

@@ -16,6 +16,7 @@ from aoizora_lab import uncertainty
 from aoizora_lab.baselines import maxdiffusion_setup, setup_keys
 from aoizora_lab.cases import parse_case
 from aoizora_lab.cost import Predicted, comm_seconds
+from aoizora_lab.generation import maxdiffusion_vae_parts
 from aoizora_lab.hardware import chip_spec
 
 # Imported by name (dataclasses need the module in sys.modules).
@@ -616,12 +617,12 @@ def test_image_to_video_adds_maxdiffusions_encode_of_the_condition_video():
 
     case = "wan2.2-i2v-a14b@1280x720x81/v6e:2x4"
     parsed = parse_case(case)
-    vae = published.maxdiffusion_vae_parts(parsed.workload, parsed.topology())
+    vae = maxdiffusion_vae_parts(parsed.workload, parsed.topology())
     encode = vae["video_encode"]
     assert type(encode) is VideoEncodePart and encode.latent == vae["decode"].latent
     assert (encode.rows, encode.cols, encode.chunk) == (1, 8, 1)  # as MaxDiffusion's decode
     t2v = parse_case("wan2.2-t2v-a14b@1280x720x81/v6e:2x4")
-    assert set(published.maxdiffusion_vae_parts(t2v.workload, t2v.topology())) == {"decode"}
+    assert set(maxdiffusion_vae_parts(t2v.workload, t2v.topology())) == {"decode"}
     pair = published.RunPair("whole", "src", "", _run("flash", FLASH, 300.0),
                              _run("ulysses", ULYSSES, 280.0))
     prediction = _fake_predictor({FLASH: 3.0})([pair.a.key])[pair.a.key]
@@ -637,7 +638,7 @@ def test_image_to_video_adds_maxdiffusions_encode_of_the_condition_video():
 
 def _maxdiffusion_decode(case):
     parsed = parse_case(case)
-    return published.maxdiffusion_decode(parsed.workload, parsed.topology())
+    return maxdiffusion_vae_parts(parsed.workload, parsed.topology())["decode"]
 
 
 def test_maxdiffusions_decode_is_the_width_over_every_device_frame_by_frame():
