@@ -110,6 +110,23 @@ def test_targets_count_only_the_measured_setups():
     targets = device_order.order_targets(rows).set_index("order model")
     assert (targets["reaches"] == "1 of 1").all()
     assert targets.loc[az.ModelOptions().order, "default"] == "yes"
+    assert device_order.ENSEMBLE_ROW not in targets.index  # no intervals, no calibration row
+
+
+@pytest.mark.parametrize(("p90", "published", "reached"), [(1.3, 1.1, True), (1.05, 1.1, False)])
+def test_the_ensemble_row_asks_the_intervals_top_to_reach_each_published_gain(p90, published,
+                                                                            reached):
+    models = {f"{m}_reaches": True for m in az.comm_model.ORDER_MODELS}
+    rows = pd.DataFrame([
+        {"status": "ok", "measured_setup": True, "ratio_p90": 2.0, "published_ratio": 1.05,
+         **models},
+        {"status": "ok", "measured_setup": True, "ratio_p90": p90, "published_ratio": published,
+         **models},
+        {"status": "ok", "measured_setup": False, "ratio_p90": 0.5, "published_ratio": 1.5,
+         **models}])  # not the measured setup: not counted
+    row = device_order.order_targets(rows).set_index("order model").loc[device_order.ENSEMBLE_ROW]
+    assert row["reaches"] == f"{1 + reached} of 2"
+    assert row["every published gain reached"] == ("met" if reached else "missed")
 
 
 def test_section_has_its_tables_and_leaves_out_the_labels_not_compiled():
