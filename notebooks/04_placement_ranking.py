@@ -94,7 +94,10 @@ viz.show(viz.ranking_scatter(ranking, y="total_s"))
 # `maxdiffusion-default` is MaxDiffusion as its Wan config ships (every chip on the `context`
 # axis, flash attention with K/V gathered, `create_device_mesh` order); `maxdiffusion-best` is
 # the best of MaxDiffusion's attention kernels × its recipes (context over every chip, or
-# `ici_data_parallelism=2` × context); `xdit-usp` is the official Wan 2.1 code on xDiT's USP,
+# `ici_data_parallelism=2` × context; each also with `ici_tensor_parallelism=2`, Ulysses also
+# in two head chunks, `ulysses_attention_chunks=2`), each compiled with the README's flags for
+# its kernel (a flag that breaks a compile is dropped alone, and the row says which);
+# `xdit-usp` is the official Wan 2.1 code on xDiT's USP,
 # the best `--ulysses_size` × `--ring_size` split, tokens padded to a multiple of it, ranks in
 # launch order. `recipe` is the setup in the system's own words, `speedup_of_plan` that row's
 # latency / the plan's; a system that could not be built or compiled says why in `reason`.
