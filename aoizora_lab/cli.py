@@ -215,10 +215,11 @@ def _plan_command(args: argparse.Namespace) -> int:
             frame = video.to_frame()
             print(frame.to_string(float_format=lambda v: f"{v:.4g}"))
             print(f"The DiT's weights stay in HBM ({video.resident_bytes / 2**30:.3g} GiB per "
-                  "device): each part runs its fastest split that fits beside them (hbm_gib, "
-                  "fits); dit_order_s: the part on the DiT plan's device order; "
-                  "maxdiffusion_s: MaxDiffusion's VAE program on this slice.")
-            for part in frame.loc[frame["fits"].eq(False), "part"]:
+                  "device): each part runs its fastest split that fits beside them "
+                  "(hbm_with_dit_gib, fits), on the faster of its mesh's library orders and "
+                  "the DiT plan's (dit_order_s); maxdiffusion_s: MaxDiffusion's VAE program "
+                  "on this slice, the baseline.")
+            for part in frame.loc[frame["fits"].eq(False).fillna(False), "part"]:
                 print(f"  {part}: no split fits beside the DiT's weights; the video needs them "
                       "out of HBM while it runs (offloaded, not priced).")
             shard = video.expert_bytes_per_device / 2**30

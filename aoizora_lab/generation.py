@@ -6,7 +6,7 @@ What a person waits for is a generation, not a step::
 
 - ``encode``: the UMT5 encoder on the prompt and, with CFG, the negative prompt, once
   (:class:`~aoizora_lab.parts.EncodePart`, the fastest of
-  :func:`~aoizora_lab.parts.encode_splits`);
+  :func:`~aoizora_lab.parts.encode_splits` that fits, below);
 - ``step``: the DiT plan's predicted step (:func:`aoizora_lab.planner.plan`'s ``best``, both
   CFG passes) times the sampler's steps (the preset's official ``sample_steps``,
   :data:`~aoizora_lab.models.wan.SAMPLING`: 50 for Wan 2.1 T2V, 40 for the A14B models). Wan
@@ -15,7 +15,7 @@ What a person waits for is a generation, not a step::
   step time, both experts resident unless the workload swaps them
   (:attr:`~aoizora_lab.workload.Workload.resident_experts`, below);
 - ``decode``: the VAE decoder on the final latent, once (:class:`~aoizora_lab.parts.DecodePart`,
-  the fastest of :func:`~aoizora_lab.parts.vae_splits`);
+  the fastest of :func:`~aoizora_lab.parts.vae_splits` that fits);
 - ``video encode``, image-to-video only, once (:class:`~aoizora_lab.parts.VideoEncodePart`):
   a model with condition channels (Wan 2.1 I2V-14B, Wan 2.2 I2V-A14B) runs the VAE encoder on
   the condition video, the image then zero frames, all of the video's frames as the official
@@ -36,23 +36,26 @@ swapping would free.
 The parts run one after the other on the same slice, each on its own mesh: a mesh is a Python
 object, so changing it between parts costs only moving what one part hands the next (the text
 states, 2 x 512 x 4096 values; the latent, 16 x 21 x 90 x 160 at 720p: a few MB each, against
-seconds of work), which is not priced. Each part's split is also priced on the DiT plan's own
-device order (the mesh not changing: the same devices in the same order, the part's axes over
-them; ``dit_order_s``), beside the library order it runs on. Whatever runs on the host
-(tokenising, the scheduler's arithmetic, copying the video out) is not modelled either: the
-breakdown is TPU time.
+seconds of work), which is not priced. Each split is priced in the library orders of its mesh
+(:func:`~aoizora_lab.parts.price_part`) and on the DiT plan's own device order (the mesh not
+changing: the same devices in the same order, the part's axes over them; ``dit_order_s``), and
+runs on the faster. Whatever runs on the host (tokenising, the scheduler's arithmetic, copying
+the video out) is not modelled either: the breakdown is TPU time.
 
 The DiT's weights stay in HBM for the whole video (every resident expert, sharded as the step
 plan shards them: :attr:`Generation.resident_bytes`), as MaxDiffusion's pipeline keeps its
 transformer while it encodes and decodes. So a part runs the fastest split whose compiled peak
-fits beside them (:meth:`Generation.chosen`); where none does, the fastest is shown with
-``fits`` false: that video needs the DiT's weights out of HBM while the part runs (the
-official code's ``offload_model``), which is not priced.
+fits beside them (:meth:`Generation.chosen`; a split whose peak the compiler did not report
+counts as fitting, ``fits`` unknown); where none does, the fastest is shown with ``fits``
+false: that video needs the DiT's weights out of HBM while the part runs (the official code's
+``offload_model``), which is not priced. A part's own weights (the encoder's, the VAE's) are
+in its compiled peak, taken as in HBM only while it runs; loading them is not priced.
 
 MaxDiffusion's VAE programs (:func:`maxdiffusion_vae_parts`: the latent's width over every
 device, a latent frame at a time, float32) are compiled beside the splits as the VAE's
 baseline (``maxdiffusion_s``); the text encoder has none on the TPU (MaxDiffusion encodes the
-prompts on the host CPU, in PyTorch).
+prompts on the host CPU, in PyTorch). The baseline is compared with, never chosen: the plan is
+the same with and without it (``plan_generation(..., maxdiffusion=False)``).
 
 Worked example: Wan 2.1 14B at 720p on ``v6e:2x4`` with 50 steps is the DiT plan's step x 50,
 plus the encoder's best split (the two prompts on two groups of devices, heads over up to
@@ -66,16 +69,20 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 import pandas as pd
 
+from aoizora_lab.comm_model import ModelOptions
 from aoizora_lab.cost import Predicted, predict
 from aoizora_lab.errors import AoizoraError, is_whole
 from aoizora_lab.hardware import device_spec
 from aoizora_lab.models.wan import SAMPLING, Sampling, expert_steps
 from aoizora_lab.parts import (
+    MIN_TILE,
     DecodePart,
     PricedPart,
     PricedParts,
@@ -105,18 +112,16 @@ def maxdiffusion_vae_parts(workload: Workload, topology: Topology) -> dict[str, 
     with condition channels also the encode of the condition video
     (``prepare_latents_i2v_base``: the image then zero frames, through the same VAE module,
     so split as its decode, the official first frame then 4 at a time). Empty where the
-    latent's width has too few columns for every device (:data:`~aoizora_lab.parts.MIN_TILE`:
-    MaxDiffusion would pad; not rebuilt)."""
+    latent's width has too few columns for every device (fewer than
+    :data:`~aoizora_lab.parts.MIN_TILE` each: MaxDiffusion would pad; not rebuilt)."""
     latent = (1, *workload.latent_shape)
-    try:
-        decode = DecodePart(latent, vae=vae_for(latent), rows=1, cols=topology.num_devices,
-                            chunk=1)
-    except AoizoraError:
+    if topology.num_devices > latent[4] // MIN_TILE:
         return {}
+    decode = DecodePart(latent, vae=vae_for(latent), rows=1, cols=topology.num_devices, chunk=1)
     if not workload.config().condition_channels:
         return {"decode": decode}
     return {"decode": decode, "video_encode": VideoEncodePart(
-        decode.latent, rows=decode.rows, cols=decode.cols, chunk=1)}
+        decode.latent, vae=decode.vae, rows=decode.rows, cols=decode.cols, chunk=1)}
 
 
 def official_sampling(workload: Workload) -> Sampling:
@@ -141,16 +146,22 @@ class Generation:
     step: Plan
     """The DiT's plan; ``step.predicted.total_s`` is one step."""
     encode: PricedParts
-    """The encoder splits tried; ``encode.best`` runs."""
+    """The encoder splits tried; :meth:`chosen` of them runs."""
     decode: PricedParts
-    """The decoder splits tried; ``decode.best`` runs."""
+    """The decoder splits tried; :meth:`chosen` of them runs."""
     video_encode: PricedParts = dataclasses.field(default_factory=PricedParts)
     """Image-to-video: the VAE encoder splits tried on the condition (the video, or TI2V-5B's
-    image; ``best`` runs); empty otherwise."""
-    maxdiffusion: dict[str, PricedPart] = dataclasses.field(default_factory=dict)
+    image; :meth:`chosen` of them runs); empty otherwise."""
+    maxdiffusion: Mapping[str, PricedPart] = dataclasses.field(default_factory=dict)
     """MaxDiffusion's VAE programs on this slice (:func:`maxdiffusion_vae_parts`, by role:
-    ``decode``, ``video_encode``), priced as parts: the VAE plan's baseline; empty where not
-    asked for or not rebuilt."""
+    ``decode``, ``video_encode``), priced as parts: the VAE plan's baseline, never chosen;
+    empty where not asked for or not rebuilt."""
+    options: ModelOptions | None = None
+    """The model the parts were priced under (:func:`~aoizora_lab.parts.price_part`'s), which
+    also prices them on the DiT plan's order."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "maxdiffusion", MappingProxyType(dict(self.maxdiffusion)))
 
     @property
     def resident_bytes(self) -> float:
@@ -160,29 +171,47 @@ class Generation:
         return (self.step.candidate.weight_bytes_per_device(self.workload.config())
                 * self.workload.resident_experts)
 
-    def fits(self, part: PricedPart) -> bool:
+    def fits(self, part: PricedPart) -> bool | None:
         """Whether ``part``'s compiled peak fits in a device's usable HBM beside
-        :attr:`resident_bytes`."""
+        :attr:`resident_bytes`; ``None`` where the compiler reported no peak."""
+        if math.isnan(part.hbm_bytes):
+            return None
         usable = device_spec(self.step.topology).hbm_usable_bytes
         return part.hbm_bytes + self.resident_bytes <= usable
 
+    @property
+    def dit_order(self) -> Placement:
+        """The DiT plan's device order, for a part's mesh (the mesh not changing)."""
+        return Placement(self.step.placement.order, "the DiT plan's device order")
+
+    def on_dit_order(self, part: PricedPart) -> Predicted | None:
+        """``part``'s program priced on :attr:`dit_order` (module docstring); ``None`` where it
+        did not compile."""
+        if part.program is None:
+            return None
+        return predict(part.program, self.step.topology, self.dit_order, options=self.options)
+
+    def run_of(self, part: PricedPart) -> tuple[float, Placement | None]:
+        """Seconds and device order ``part`` runs with: the faster of its best library order
+        and :attr:`dit_order` (NaN, ``None`` where it did not compile)."""
+        if not part.ok:
+            return math.nan, None
+        on_dit = self.on_dit_order(part)
+        if on_dit is not None and on_dit.total_s < part.seconds:
+            return on_dit.total_s, self.dit_order
+        return part.seconds, part.placement
+
     def chosen(self, parts: PricedParts) -> PricedPart | None:
-        """The split a part runs: the fastest that compiled and :meth:`fits`, else the fastest
-        that compiled (its row says it does not fit); ``None`` where none compiled."""
-        fitting = [p for p in parts if p.ok and self.fits(p)]
-        return min(fitting, key=lambda p: p.seconds) if fitting else parts.best
+        """The split a part runs: the fastest (:meth:`run_of`) that compiled and :meth:`fits`
+        (or whose peak is unknown), else the fastest that compiled (its row says it does not
+        fit); ``None`` where none compiled."""
+        ok = [p for p in parts if p.ok]
+        fitting = [p for p in ok if self.fits(p) is not False]
+        return min(fitting or ok, key=lambda p: self.run_of(p)[0], default=None)
 
     def _seconds(self, parts: PricedParts) -> float:
         chosen = self.chosen(parts)
-        return chosen.seconds if chosen else math.nan
-
-    def on_dit_order(self, part: PricedPart) -> Predicted | None:
-        """``part``'s program priced on the DiT plan's device order (the mesh not changing
-        between the parts; module docstring); ``None`` where it did not compile."""
-        if part.program is None:
-            return None
-        order = Placement(self.step.placement.order, "the DiT plan's device order")
-        return predict(part.program, self.step.topology, order)
+        return self.run_of(chosen)[0] if chosen else math.nan
 
     @property
     def encode_s(self) -> float:
@@ -231,24 +260,26 @@ class Generation:
                 + self.decode_s)
 
     def to_frame(self) -> pd.DataFrame:
-        """One row per part: its plan, seconds per call, calls, seconds and share; for the
-        encoders and the decode also its HBM per device beside the DiT's weights
-        (``hbm_gib``), whether that ``fits``, its seconds on the DiT plan's device order
-        (``dit_order_s``) and MaxDiffusion's program's (``maxdiffusion_s``, NaN where it has
-        none)."""
+        """One row per part: its plan, the device order it runs on, seconds per call, calls,
+        seconds and share; for the encoders and the decode also the HBM per device of its
+        peak and the DiT's weights together (``hbm_with_dit_gib``), whether that ``fits`` (NA:
+        peak unknown), its seconds on the DiT plan's device order (``dit_order_s``) and
+        MaxDiffusion's program's (``maxdiffusion_s``; NaN where it has none, or it did not
+        compile)."""
         rows: list[dict[str, Any]] = []
         named = [("text encoder", self.encode, ""), ("VAE decode", self.decode, "decode")]
         if len(self.video_encode):
             named.insert(1, ("VAE encode (image condition)", self.video_encode, "video_encode"))
         for name, parts, role in named:
             best = self.chosen(parts)
+            seconds, order = self.run_of(best) if best else (math.nan, None)
             dit_order = self.on_dit_order(best) if best else None
             baseline = self.maxdiffusion.get(role)
             rows.append({"part": name, "plan": best.part.name if best else "none compiled",
-                         "order": best.placement.description if best else "",
-                         "per_call_s": best.seconds if best else math.nan, "calls": 1,
-                         "hbm_gib": ((best.hbm_bytes + self.resident_bytes) / 2**30
-                                     if best else math.nan),
+                         "order": order.description if order else "", "per_call_s": seconds,
+                         "calls": 1,
+                         "hbm_with_dit_gib": ((best.hbm_bytes + self.resident_bytes) / 2**30
+                                              if best else math.nan),
                          "fits": self.fits(best) if best else None,
                          "dit_order_s": dit_order.total_s if dit_order else math.nan,
                          "maxdiffusion_s": baseline.seconds if baseline else math.nan})
@@ -267,6 +298,7 @@ class Generation:
                 "part": "expert swaps (host -> HBM)", "plan": "each device its shard over PCIe",
                 "order": "", "per_call_s": self.expert_swap_s / 2, "calls": 2})
         frame = pd.DataFrame(rows)
+        frame["fits"] = frame["fits"].astype("boolean")  # NA: not a part, or peak unknown
         frame["seconds"] = frame["per_call_s"] * frame["calls"]
         frame["share"] = frame["seconds"] / self.total_s
         return frame
@@ -302,11 +334,18 @@ def plan_generation(step: Plan, steps: int | None = None, *, maxdiffusion: bool 
                                      text_len=DEFAULT_TEXT_LEN), topology, **kwargs)
     latent = (1, *workload.latent_shape)
     baselines = maxdiffusion_vae_parts(workload, topology) if maxdiffusion else {}
+    priced: dict[str, PricedPart] = {}
 
     def vae(splits: list[VaePart], role: str) -> PricedParts:
-        # MaxDiffusion's program compiles beside the splits (it may be one of them).
-        extra = [baselines[role]] if role in baselines and baselines[role] not in splits else []
-        return plan_part([*splits, *extra], topology, **kwargs)
+        # MaxDiffusion's program compiles beside the splits (it may be one of them), and is
+        # kept apart: a baseline, never one of the choices.
+        baseline = baselines.get(role)
+        extra = [baseline] if baseline is not None and baseline not in splits else []
+        every = plan_part([*splits, *extra], topology, **kwargs)
+        for p in every:
+            if p.part == baseline:
+                priced[role] = p
+        return PricedParts([p for p in every if p.part in splits])
 
     decode = vae(vae_splits(latent, n, vae=vae_for(latent)), "decode")
     model = workload.config()
@@ -315,8 +354,6 @@ def plan_generation(step: Plan, steps: int | None = None, *, maxdiffusion: bool 
                  else None)
     video_encode = (PricedParts() if condition is None else vae(
         vae_splits(condition, n, part=VideoEncodePart, vae=vae_for(condition)), "video_encode"))
-    priced = {role: p for role, parts in (("decode", decode), ("video_encode", video_encode))
-              for p in parts if role in baselines and p.part == baselines[role]}
     return Generation(workload=workload, steps=steps, expert_steps=split, step=step,
                       encode=encode, decode=decode, video_encode=video_encode,
-                      maxdiffusion=priced)
+                      maxdiffusion=priced, options=kwargs.get("options"))

@@ -239,7 +239,8 @@ class RunPair:
     difference: bool = True
     """Compare ``a - b`` (same slice and pipeline: N cancels); not for scaling pairs."""
     not_modelled: str = ""
-    """Why the pipeline cannot rebuild the comparison, when that is known without trying."""
+    """Why the pipeline cannot rebuild the comparison, when that is known without trying (its
+    runs are still compiled and checked absolutely unless :attr:`runs_rebuilt` is False)."""
     runs_rebuilt: bool = True
     """Whether each run is still a published time of a program the pipeline rebuilds, checked
     absolutely where the comparison is not modelled (PR #452: two kernels, one program);

@@ -83,7 +83,7 @@ viz.show(viz.generation_chart(frame))
 # The baseline is **MaxDiffusion's decode**, compiled beside the splits: the latent's width
 # over every device (`vae_spatial: -1`), one latent frame at a time, float32
 # (`maxdiffusion_s` in the breakdown above; NaN where the latent is too narrow for every
-# device).
+# device, or it did not compile). It is compared with, never chosen.
 
 # %%
 display(video.decode.to_frame().drop(columns=["message"]))
@@ -92,14 +92,16 @@ maxdiffusion = video.maxdiffusion.get("decode")
 if decode is None:
     display(Markdown("**No decode split compiled** (see the `status` column)."))
 else:
+    seconds, order = video.run_of(decode)
     beside = (f"{(decode.hbm_bytes + video.resident_bytes) / 2**30:.1f} GiB per device with "
               f"the DiT's weights ({video.resident_bytes / 2**30:.1f} GiB)")
     display(Markdown(
-        f"Chosen split: **{decode.part.name}**, {decode.seconds:.2f} s, {beside}"
-        + ("" if video.fits(decode) else ": **does not fit**, the DiT's weights would have "
-           "to leave HBM while it runs")
+        f"Chosen split: **{decode.part.name}** on {order.description}, {seconds:.2f} s, "
+        f"{beside}"
+        + (": **does not fit**, the DiT's weights would have to leave HBM while it runs"
+           if video.fits(decode) is False else "")
         + (f"; MaxDiffusion's decode: {maxdiffusion.seconds:.2f} s "
-           f"({maxdiffusion.seconds / decode.seconds:.2f}x)" if maxdiffusion and maxdiffusion.ok
+           f"({maxdiffusion.seconds / seconds:.2f}x)" if maxdiffusion and maxdiffusion.ok
            else "") + "."))
     display(decode.program.to_frame()[["kind", "bytes", "count", "group_size", "num_groups"]]
             .groupby(["kind", "group_size"], as_index=False)
@@ -112,9 +114,9 @@ else:
 
 # %%
 if decode is not None and decode.program.collectives:
-    link_bytes, users = viz.link_bytes_by_collective(decode.program, slice_, decode.placement)
+    link_bytes, users = viz.link_bytes_by_collective(decode.program, slice_, order)
     viz.show(viz.torus_heatmap(slice_, link_bytes, collectives_by_link=users,
-                               placement=decode.placement,
+                               placement=order,
                                title=f"VAE decode {decode.part.name}: bytes per link"))
 
 # %% [markdown]
@@ -136,4 +138,5 @@ record("decode_s", video.decode_s)
 record("decode_split", decode.part.name if decode is not None else "")
 record("decode_splits_tried", len(video.decode))
 record("decode_fits_beside_dit", video.fits(decode) if decode is not None else None)
+record("decode_order", order.description if decode is not None else "")
 record("maxdiffusion_decode_s", maxdiffusion.seconds if maxdiffusion and maxdiffusion.ok else None)

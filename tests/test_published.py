@@ -375,6 +375,15 @@ def test_pr_430s_inference_totals_check_the_denoise_pairs_prediction_with_n_left
     assert published.prediction_key(loop) == published.prediction_key(whole)
     # Each run's inference total is its denoise total plus the rest of the generation.
     assert whole.a.published_s > loop.a.published_s and whole.b.published_s > loop.b.published_s
+    result = _check([loop, whole], step_of={published.ULYSSES4: 3.0,
+                                            published.ULYSSES_RING4: 2.7})
+    rows = result.comparisons.set_index("measurement")
+    assert rows.at[loop.key, "prediction"] == rows.at[whole.key, "prediction"] != ""
+    assert len(result.predictions) == 1  # one prediction, two published pairs
+    runs = result.runs.set_index(["measurement", "run"])
+    # Only the whole generation leaves room for the decode (unknown here: no VAE predictor).
+    assert runs.loc[(loop.key, "ulysses"), "decode_s"] == 0
+    assert math.isnan(runs.loc[(whole.key, "ulysses"), "decode_s"])
 
 
 def test_every_published_pair_keeps_its_source_and_the_section_says_what_was_fitted():

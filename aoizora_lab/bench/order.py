@@ -440,7 +440,8 @@ def measurement_rows(measurements: Sequence[OrderMeasurement] = MEASUREMENTS,
 
 ENSEMBLE_ROW = "ensemble: the 80 % interval's top (ratio_p90)"
 """The calibration row of :func:`order_targets`: a published step gain bounds its collective's
-gain from below, so the one-sided check of an interval is that its top reaches the gain."""
+gain from below, so the one-sided check of an interval is that its top reaches the gain (at
+least 10 % of the draws do; ``p_reaches`` gives the share)."""
 
 
 def order_targets(rows: pd.DataFrame) -> pd.DataFrame:

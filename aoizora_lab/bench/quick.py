@@ -44,9 +44,9 @@ from aoizora_lab.workload import Workload
 
 QUICK_PLAN_MATRIX: tuple[str, ...] = (SEARCH_COST_MATRIX[0], "wan2.1-t2v-14b@832x480x81/v5e:4x8",
                                       "wan2.1-t2v-1.3b@832x480x81/v5e:2x4")
-"""Quick-plan cases: the search-cost case, where the time-limited order was developed, and two
-it was not developed on (a new user's first try and the README's example), so its regret is
-checked where it could be lost."""
+"""Quick-plan cases: the search-cost targets' case, where the time-limited order was developed,
+and two it was not developed on (a new user's first try and the README's example, also a
+search-cost case), so its regret is checked where it could be lost."""
 QUICK_PLAN_MAX = 8
 """Largest compile budget k tried (fewer where pruning keeps fewer)."""
 TIME_LIMITS: tuple[float, ...] = (INTERACTIVE_TIME_LIMIT_S,)
