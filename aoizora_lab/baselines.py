@@ -133,6 +133,12 @@ class Setup:
     """The flags of its recipe's set left out because the compile with them failed here
     (:func:`with_fallbacks`); empty: compiled as its recipe sets them."""
 
+    @property
+    def flagless(self) -> bool:
+        """A recipe's try with every one of its flags left out (:func:`with_fallbacks`' test
+        of whether the flags are to blame)."""
+        return bool(self.dropped) and not self.flags.args
+
 
 @dataclass(frozen=True)
 class DroppedFlag:
@@ -695,7 +701,8 @@ def with_fallbacks(setups: Sequence[SystemSetups], outcomes: Mapping[tuple[str, 
     README's Ulysses section adds the all-to-all flag last); then, if that fails too, with no
     flags, which says whether the flags are to blame (a program that fails without them gets
     no further try: failures are not cached, so every try is paid again on each plan); then
-    less each other flag in turn, up to the first that compiles. Each try is one more setup
+    less each other flag in turn, up to the first that compiles, which the system then runs
+    rather than the flagless try (:func:`score_baselines`). Each try is one more setup
     whose :attr:`Setup.dropped` says which flags it leaves out and why.
 
     Call it again as outcomes arrive: each call adds the next try of every recipe whose
@@ -717,7 +724,8 @@ def with_fallbacks(setups: Sequence[SystemSetups], outcomes: Mapping[tuple[str, 
 def _flag_tries(setup: Setup, outcomes: Mapping[tuple[str, str], Outcome]) -> list[Setup]:
     """The tries of ``setup`` with fewer flags so far, the next one last: its last flag left
     out; then no flags, which says whether the flags break it at all (if that fails too, no
-    try follows); then each other flag left out in turn, up to the first that compiles."""
+    try follows); then each other flag left out in turn, up to the first that compiles (which
+    then runs instead of the flagless try: :func:`_scored`)."""
     failed = _failure(outcomes.get((setup.candidate.name, setup.flags.label)))
     if failed is None or not setup.flags.args:
         return []
@@ -769,8 +777,10 @@ def score_baselines(workload: Workload, topology: Topology, pruning: Pruning,
     """Price every system's ``setups`` (:func:`baseline_setups`, :func:`with_fallbacks`) from
     the ``outcomes`` of their compiles, by key (every setup's compile is there, run or not).
 
-    A system takes the fastest predicted step of its setups that compiled; the IR estimate is
-    reported, never used to choose. A setup refused before compiling, one whose compile
+    A system takes the fastest predicted step of its setups that compiled, a recipe's try
+    without any of its flags only where no try keeping some of them compiled (a user runs
+    the recipe with every flag that works); the IR estimate is reported, never used to
+    choose. A setup refused before compiling, one whose compile
     failed and one the plan did not run (a time-limited plan's) are trials with that reason:
     the system is then priced on the setups compiled (:attr:`BaselineOutcome.unstarted` names
     those not run).
@@ -799,8 +809,12 @@ def _scored(group: SystemSetups, workload: Workload, topology: Topology, pruning
             trials.append(Trial(name, s.recipe, s, estimate, plan.predicted.total_s,
                                 compile_status=outcome.status))
             priced.append((s, plan))
-    if priced:
-        setup, plan = min(priced, key=lambda pair: pair[1].predicted.total_s)
+    # A recipe's try without any flags is what its user runs only where no try keeping some
+    # of them compiled (else the test of whether the flags are to blame).
+    kept = {s.candidate.name for s, _ in priced if s.dropped and not s.flagless}
+    runs = [(s, p) for s, p in priced if not (s.flagless and s.candidate.name in kept)]
+    if runs:
+        setup, plan = min(runs, key=lambda pair: pair[1].predicted.total_s)
         return BaselineOutcome(name, Status.OK, setup, plan, trials=tuple(trials))
     if group.setups:
         return BaselineOutcome(name, Status.NOT_COMPILED, group.setups[0], reason="; ".join(

@@ -27,7 +27,7 @@ from aoizora_lab.baselines import (
     xdit_recipes,
     xdit_setup,
 )
-from aoizora_lab.compile import CompiledCandidate, compile_candidates
+from aoizora_lab.compile import CompiledCandidate, CompileStatus, compile_candidates
 from aoizora_lab.cost import predict
 from aoizora_lab.options import PlanOptions
 from aoizora_lab.placement import (
@@ -357,6 +357,42 @@ def test_a_recipe_whose_flags_fail_keeps_every_flag_but_the_one_that_breaks(
     trials = outcomes.trials()
     priced = trials[trials["baseline"] == "maxdiffusion-best"]["total_s"]
     assert best.plan.predicted.total_s == priced.min()
+
+
+class _NoEstimates:
+    def decision(self, name):
+        raise KeyError(name)
+
+
+@pytest.mark.parametrize("partial_compiles", [True, False])
+def test_a_recipe_runs_without_its_flags_only_where_no_try_keeping_some_compiled(
+        v5e16, partial_compiles):
+    from aoizora_lab.hlo import CommProgram, ComputeOp
+
+    chip = az.chip_spec("v5e")
+    recipe = maxdiffusion_setup(WORKLOAD, v5e16, ici_data_parallelism=2, attention="ulysses")
+    assert len(recipe.flags.words) > 1
+    refusal = (CompileStatus.CRASH, "SIGABRT")
+    flagless = baselines._less(recipe, recipe.flags.words, *refusal)
+    partial = baselines._less(recipe, recipe.flags.words[:1], *refusal)
+    assert flagless.flagless and not partial.flagless and not recipe.flagless
+
+    def compiled(setup, seconds):  # a program of one matmul of ``seconds`` at peak
+        ops = (ComputeOp(chip.peak_bf16_flops * seconds, 0.0, 1, 0, "matmul", 0.0),)
+        return CompiledCandidate(setup.candidate, "ok", "", 1.0, flags=setup.flags,
+                                 program=CommProgram((), v5e16.num_devices, ops=ops))
+
+    outcomes = {(recipe.candidate.name, recipe.flags.label): CompiledCandidate(
+                    recipe.candidate, "crash", "SIGABRT", 1.0, flags=recipe.flags),
+                (flagless.candidate.name, flagless.flags.label): compiled(flagless, 1.0),
+                (partial.candidate.name, partial.flags.label): (
+                    compiled(partial, 2.0) if partial_compiles else CompiledCandidate(
+                        partial.candidate, "error", "refused", 1.0, flags=partial.flags))}
+    group = baselines.SystemSetups("maxdiffusion-best", (), (recipe, flagless, partial))
+    best = score_baselines(WORKLOAD, v5e16, _NoEstimates(), [group], outcomes)[
+        "maxdiffusion-best"]
+    # The faster flagless try is the system's run only where nothing keeping a flag compiled.
+    assert best.setup == (partial if partial_compiles else flagless)
 
 
 @pytest.mark.slow
