@@ -37,6 +37,7 @@ import dataclasses
 import json
 import math
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -109,8 +110,7 @@ class IREstimate:
         """The estimate with ``kinds`` asynchronous besides :data:`ASYNC_KINDS` (a flag set's
         ``async_kinds``, e.g. a system's setup compiled with its own flags); the lowest
         estimate where that set was not derived."""
-        key = tuple(sorted({*ASYNC_KINDS, *kinds}))
-        return dict(self.estimates_by_kinds).get(key, self.estimate_seconds)
+        return dict(self.estimates_by_kinds).get(_async_set(kinds), self.estimate_seconds)
 
 
 FlagAsync = tuple[frozenset[str], ...]
@@ -118,6 +118,12 @@ FlagAsync = tuple[frozenset[str], ...]
 :data:`ASYNC_KINDS` (``CompilerFlags.async_kinds``)."""
 LIBTPU_DEFAULTS: FlagAsync = (frozenset(),)
 """``flag_async`` of a plan that compiles with libtpu's defaults only."""
+
+
+def _async_set(kinds: Iterable[str]) -> tuple[str, ...]:
+    """The collective kinds asynchronous under a flag set making ``kinds`` so: libtpu's
+    defaults too, sorted (the key of :attr:`IREstimate.estimates_by_kinds`)."""
+    return tuple(sorted({*ASYNC_KINDS, *kinds}))
 
 
 def estimate_ir(candidate: Candidate, workload: Workload, topology: Topology, *,
@@ -138,8 +144,8 @@ def estimate_ir(candidate: Candidate, workload: Workload, topology: Topology, *,
     check_flag_async(flag_async)
     counts, trace_seconds = trace_counts(candidate, workload, dtype=dtype,
                                          num_layers=num_layers, cache_dir=cache_dir)
-    derived = [_bounds(candidate, counts, topology, trace_seconds,
-                       tuple(sorted({*ASYNC_KINDS, *kinds})), keep=cache_dir is not False)
+    derived = [_bounds(candidate, counts, topology, trace_seconds, _async_set(kinds),
+                       keep=cache_dir is not False)
                for kinds in dict.fromkeys(flag_async)]
     # More asynchronous kinds never price higher, so the lowest estimate's lower bound is
     # the lowest too; among equal estimates the fewest kinds (order-independent).

@@ -403,6 +403,8 @@ def test_plan_quality_records_each_case_and_resumes_from_the_records(quality, sl
                              plan_missing=False)
     assert old.summary.iloc[0]["ici_model"] == "physical"
     assert old.summary.iloc[0]["record"] == f"stale: planned {stored['date'][:10]}"
+    assert first.summary.iloc[0]["speedup_target"] in ("met", "missed", "n/a")
+    assert old.summary.iloc[0]["speedup_target"] == "stale"  # not a target of today's code
     assert "| record |" in old.markdown()
     replanned = bench.plan_quality([case], budget=300, records=tmp_path, resume=True)
     assert replanned.summary.iloc[0]["status"].startswith("error: AssertionError")

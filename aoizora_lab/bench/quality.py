@@ -298,9 +298,12 @@ def plan_quality(cases: Iterable[Case | str] = DEFAULT_MATRIX, *, num_layers: in
         if record is not None:
             if progress:
                 progress("plan quality: {} on {} (recorded {})".format(*label, record["date"]))
-            rows.append(record["row"] | {"ici_model": _recorded_model(record)["order"],
-                                         "record": "current" if current
-                                         else f"stale: planned {record['date'][:10]}"})
+            row = record["row"] | {"ici_model": _recorded_model(record)["order"],
+                                   "record": "current" if current
+                                   else f"stale: planned {record['date'][:10]}"}
+            if not current:  # other code's targets are not today's
+                row |= {k: "stale" for k in ("speedup_target", "roofline_target") if k in row}
+            rows.append(row)
             baseline_rows.extend(record["baselines"])
             trial_rows.extend(record["trials"])
             recorded.append(record["date"][:10])
