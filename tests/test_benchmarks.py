@@ -489,3 +489,19 @@ def test_the_plan_quality_targets_count_only_cases_planned_by_todays_code():
     assert targets == ["missed", "met"], values
     assert all(v.endswith("; 1 stale cases not counted") for v in values)
     assert quality_targets(rows.iloc[:1])["value"].str.contains("stale").sum() == 0
+
+
+def test_the_robust_note_names_where_the_plan_is_not_the_robust_choice():
+    a, b = "cfg2-uly4 (default)", "uly8 (maxdiffusion-ulysses)"
+    robust = pd.DataFrame([
+        {"workload": "w1", "slice": "s1", "median_winner": a, "robust_choice": a,
+         "least_regret_choice": a, "plan": a},
+        {"workload": "w2", "slice": "s2", "median_winner": a, "robust_choice": b,
+         "least_regret_choice": a, "plan": a},
+        {"workload": "w3", "slice": "s3", "median_winner": None, "robust_choice": None,
+         "least_regret_choice": None, "plan": b}])  # no ensemble: not assessed
+    note = bench.quality._robust_differs(robust)
+    assert "They differ on 1 of 2 cases assessed: w2 on s2." in note
+    assert "The plan recommended is not the robust choice on 1: w2 on s2." in note
+    agreeing = bench.quality._robust_differs(robust.iloc[:1])
+    assert "agree on all 1" in agreeing and "robust choice on all 1" in agreeing

@@ -114,7 +114,8 @@ class PlanQuality:
                       "best_system", "vs_best_system", "vs_best_system_p10",
                       "vs_best_system_p90", "p_plan_faster", "speedup_target"]]
         robust = s[["workload", "slice", "median_winner", "robust_choice",
-                    "least_regret_choice"]]
+                    "least_regret_choice"]].assign(
+            plan=s["candidate"].astype(str) + " (" + s["flags"].astype(str) + ")")
         gains = s[["workload", "slice", "placement_gain_vs_plain",
                    "placement_gain_vs_make_mesh", "placement_gain_vs_create_device_mesh",
                    "strategy_candidate", "strategy_s", "strategy_gain"]]
@@ -157,8 +158,9 @@ class PlanQuality:
             "**The robust choice.** Beside the lowest median step (`median_winner`), the "
             "option with the lowest 90th-percentile step (`robust_choice`) and the one whose "
             "worst regret over the draws is least (`least_regret_choice`), among every "
-            "compiled program the search placed (`candidate (flags)`). "
-            + _robust_differs(robust),
+            "compiled program the search placed (`candidate (flags)`), and the `plan` "
+            "recommended (the lowest step under the default model, a system's setup where "
+            "one beats the search). " + _robust_differs(robust),
             markdown_table(robust),
             "**Where the gain comes from.** *Placement gain*: the plan's own compiled program "
             "in plain device order, where `jax.make_mesh` and where "
@@ -193,16 +195,24 @@ class PlanQuality:
 
 
 def _robust_differs(robust: pd.DataFrame) -> str:
-    """Names the cases where a robust choice is not the median winner."""
+    """Names the cases where a robust choice is not the median winner, and those where the
+    plan recommended is not the robust choice."""
     known = robust.dropna(subset=["median_winner"])
-    differ = known[(known["robust_choice"] != known["median_winner"])
-                   | (known["least_regret_choice"] != known["median_winner"])]
     if known.empty:
         return "No row has an ensemble yet."
-    if differ.empty:
-        return f"They agree on all {len(known)} cases assessed."
-    return (f"They differ on {len(differ)} of {len(known)} cases assessed: "
-            + "; ".join(f"{r.workload} on {r.slice}" for r in differ.itertuples()) + ".")
+    differ = known[(known["robust_choice"] != known["median_winner"])
+                   | (known["least_regret_choice"] != known["median_winner"])]
+    unlike = known[known["robust_choice"] != known["plan"]]
+
+    def named(rows: pd.DataFrame) -> str:
+        return "; ".join(f"{r.workload} on {r.slice}" for r in rows.itertuples())
+
+    return " ".join([
+        f"They agree on all {len(known)} cases assessed." if differ.empty else
+        f"They differ on {len(differ)} of {len(known)} cases assessed: {named(differ)}.",
+        f"The plan recommended is the robust choice on all {len(known)}." if unlike.empty
+        else f"The plan recommended is not the robust choice on {len(unlike)}: "
+             f"{named(unlike)}."])
 
 
 def useful_flops(workload: Workload, attention: str) -> float:
