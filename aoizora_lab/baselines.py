@@ -61,6 +61,7 @@ from typing import Any
 import numpy as np
 
 from aoizora_lab.candidates import Candidate, default_attention, explain_candidates
+from aoizora_lab.comm_model import ModelOptions
 from aoizora_lab.compile import (
     CompiledCandidate,
     CompilerFlags,
@@ -773,7 +774,8 @@ def _less(setup: Setup, words: tuple[str, ...], status: CompileStatus, message: 
 
 def score_baselines(workload: Workload, topology: Topology, pruning: Pruning,
                     setups: Sequence[SystemSetups],
-                    outcomes: Mapping[tuple[str, str], Outcome]) -> Baselines:
+                    outcomes: Mapping[tuple[str, str], Outcome], *,
+                    options: ModelOptions | None = None) -> Baselines:
     """Price every system's ``setups`` (:func:`baseline_setups`, :func:`with_fallbacks`) from
     the ``outcomes`` of their compiles, by key (every setup's compile is there, run or not).
 
@@ -783,14 +785,15 @@ def score_baselines(workload: Workload, topology: Topology, pruning: Pruning,
     choose. A setup refused before compiling, one whose compile
     failed and one the plan did not run (a time-limited plan's) are trials with that reason:
     the system is then priced on the setups compiled (:attr:`BaselineOutcome.unstarted` names
-    those not run).
+    those not run). ``options``: the ICI model they are priced under (the plan's).
     """
-    return Baselines(_scored(group, workload, topology, pruning, outcomes)
+    return Baselines(_scored(group, workload, topology, pruning, outcomes, options)
                      for group in setups)
 
 
 def _scored(group: SystemSetups, workload: Workload, topology: Topology, pruning: Pruning,
-            outcomes: Mapping[tuple[str, str], Outcome]) -> BaselineOutcome:
+            outcomes: Mapping[tuple[str, str], Outcome],
+            options: ModelOptions | None) -> BaselineOutcome:
     name, trials, priced = group.name, list(group.trials), []
     for s in group.setups:
         outcome = outcomes[s.candidate.name, s.flags.label]
@@ -804,8 +807,10 @@ def _scored(group: SystemSetups, workload: Workload, topology: Topology, pruning
                                 compile_status=outcome.status))
         else:
             plan = Plan(workload, topology, s.candidate, s.placement,
-                        predict(outcome.program, topology, s.placement), outcome.program,
-                        breakdown(outcome.program, topology, s.placement), flags=s.flags)
+                        predict(outcome.program, topology, s.placement, options=options),
+                        outcome.program,
+                        breakdown(outcome.program, topology, s.placement, options=options),
+                        flags=s.flags)
             trials.append(Trial(name, s.recipe, s, estimate, plan.predicted.total_s,
                                 compile_status=outcome.status))
             priced.append((s, plan))
@@ -932,13 +937,15 @@ class Headline:
 
 def headline(best: Plan, searched: Plan, baselines: Baselines,
              compiled: Iterable[CompiledCandidate],
-             could_win: Callable[[Candidate], bool] = lambda candidate: True) -> Headline:
+             could_win: Callable[[Candidate], bool] = lambda candidate: True, *,
+             options: ModelOptions | None = None) -> Headline:
     """The :class:`Headline` of a plan: the search's own best (``searched``) against the
     existing systems, the recommended plan's placement gain (``best``'s program in library
     orders) and the strategy gain (the best of the survivors' programs, ``compiled``, in
     plain order against the best existing system). ``could_win``: whether a setup's
     candidate may still be the fastest (:meth:`~aoizora_lab.prune.Pruning.could_win`); a
-    system with such a setup left uncompiled leaves the headline unknown."""
+    system with such a setup left uncompiled leaves the headline unknown. ``options``: the ICI
+    model the library orders are priced under (the plan's)."""
     topology = best.topology
     systems = {o.name: o.plan.predicted.total_s if o.plan else math.nan
                for o in baselines if o.name in SYSTEMS}
@@ -949,17 +956,18 @@ def headline(best: Plan, searched: Plan, baselines: Baselines,
                        ("create_device_mesh", lambda: create_device_mesh_order(
                            shape, topology, allow_split=False))):
         try:
-            orders[key] = predict(best.program, topology, build()).total_s
+            orders[key] = predict(best.program, topology, build(), options=options).total_s
         except LibraryRefuses:
             orders[key] = math.nan
     plain = plain_order(topology)
-    in_plain = [(predict(r.program, topology, plain).total_s, r) for r in compiled
+    in_plain = [(predict(r.program, topology, plain, options=options).total_s, r)
+                for r in compiled
                 if r.status is CompileStatus.OK]
     strategy_s, top = min(in_plain, key=lambda pair: pair[0]) if in_plain else (math.nan, None)
     return Headline(
         best.predicted.total_s, searched.predicted.total_s, systems,
         min(priced, key=priced.get) if priced else "",
-        predict(best.program, topology, plain).total_s, orders["make_mesh"],
+        predict(best.program, topology, plain, options=options).total_s, orders["make_mesh"],
         orders["create_device_mesh"],
         f"{top.candidate.name} ({top.flags.label} flags)" if top else "", strategy_s,
         tuple(o.name for o in baselines if o.name in SYSTEMS and o.unstarted),

@@ -147,6 +147,7 @@ def _plan_command(args: argparse.Namespace) -> int:
     options = preset.replace(
         num_layers=args.layers, budget=args.budget, quiet=True, compare=args.compare,
         max_compiled=args.max_compiled, systems=not args.no_systems,
+        model=ModelOptions(order=args.order_model),
         **({"time_limit_s": args.time_limit} if args.time_limit is not None else {}),
         **({"flags": args.flags} if args.flags else {}))
     limit = options.time_limit_s
@@ -342,6 +343,10 @@ def build_parser() -> argparse.ArgumentParser:
                          "MaxDiffusion keys ('ici_data_parallelism=2 attention=ulysses'), Wan "
                          "flags (--compare='--ulysses_size 2 --ring_size 4') or a mesh "
                          "('candidate=cfg2-uly4-fsdp order=0,1,4,5,...'; default plain order)")
+    pl.add_argument("--order-model", choices=ORDER_MODELS, default=ModelOptions().order,
+                    help="what a group's device order does to its collectives, for the whole "
+                         "plan (PlanOptions.model; default %(default)s, the one the published "
+                         "order-only measurements chose)")
     pl.add_argument("--flags", nargs="+", metavar="FLAGS",
                     help="compiler flag sets to search (names of compile.FLAG_SETS or quoted "
                          "LIBTPU_INIT_ARGS; default: default maxdiffusion-ulysses)")

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 
 from aoizora_lab.baselines import USER, SystemSetups
 from aoizora_lab.candidates import Candidate
+from aoizora_lab.comm_model import ModelOptions
 from aoizora_lab.compile import (
     CompiledCandidate,
     CompileQueue,
@@ -169,8 +170,8 @@ class Prices:
     yardstick and the progress lines' "best so far" (a cold plan compiles for minutes, best
     IR estimate first, and says what it would answer now)."""
 
-    def __init__(self, topology: Topology) -> None:
-        self.topology = topology
+    def __init__(self, topology: Topology, model: ModelOptions | None = None) -> None:
+        self.topology, self.model = topology, model
         self.plain = plain_order(topology)
         self.best: tuple[float, str] | None = None
         self.prices: dict[Key, Predicted] = {}
@@ -189,7 +190,7 @@ class Prices:
         with self.lock:
             known = self.prices.get(result.key)
         if known is None:
-            known = predict(result.program, self.topology, self.plain)
+            known = predict(result.program, self.topology, self.plain, options=self.model)
             with self.lock:
                 self.prices[result.key] = known
         return known
@@ -335,8 +336,9 @@ class TimeLimited:
 
     def __init__(self, seconds: float, topology: Topology, *, budget: int, top: int,
                  started: frozenset[Key] | None = None,
-                 max_survivors: int | None = None) -> None:
+                 max_survivors: int | None = None, model: ModelOptions | None = None) -> None:
         self.seconds, self.topology, self.budget, self.top = seconds, topology, budget, top
+        self.model = model
         self.started, self.max_survivors = started, max_survivors
         self.start = time.monotonic()
         self.deadline = self.start + seconds
@@ -403,7 +405,8 @@ class TimeLimited:
         start = time.monotonic()
         if result.status is CompileStatus.OK:
             rank_placements(result.program, result.candidate, self.topology,
-                            budget=self.budget, top=self.top, flags=result.flags)
+                            budget=self.budget, top=self.top, flags=result.flags,
+                            options=self.model)
         seconds += time.monotonic() - start
         with self.lock:
             if not result.cached:

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from aoizora_lab.comm_model import ModelOptions
 from aoizora_lab.compile import CompilerFlags, check_timeout, compiler_flags
 from aoizora_lab.errors import AoizoraError, is_whole
 from aoizora_lab.ir_estimate import LIBTPU_DEFAULTS, FlagAsync, IRCacheDir
@@ -56,6 +57,13 @@ class PlanOptions:
     rank_placements`)."""
     top_placements: int = TOP_PLACEMENTS
     """Placements per program priced in full and ranked."""
+    model: ModelOptions = field(default_factory=ModelOptions)
+    """How the ICI model prices (:class:`~aoizora_lab.comm_model.ModelOptions`: which order
+    model a collective's group follows, how much asynchronous work overlaps): the placement
+    search, the systems' setups and the headline all price under it. The default is the one
+    the published order-only measurements chose (``reports/benchmarks.md``, "Device
+    order"); another answers "what if the TPU behaved so" (``aoizora-lab plan
+    --order-model``)."""
     flags: tuple[CompilerFlags, ...] = field(
         default_factory=lambda: tuple(map(compiler_flags, SEARCHED_FLAGS)))
     """The flag sets every kept candidate is compiled with, as names of
@@ -95,6 +103,9 @@ class PlanOptions:
             raise AoizoraError(f"PlanOptions(max_compiled={self.max_compiled!r}): must be a "
                                "whole number >= 1 (survivors to compile at most), or None to "
                                "compile every one.")
+        if not isinstance(self.model, ModelOptions):
+            raise AoizoraError(f"PlanOptions(model={self.model!r}): give a ModelOptions, e.g. "
+                               "ModelOptions(order='logical').")
         if self.time_limit_s is not None:
             check_time_limit(self.time_limit_s)
         check_timeout(self.timeout_s)

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING
 
@@ -41,6 +41,7 @@ from aoizora_lab.baselines import (
     with_fallbacks,
 )
 from aoizora_lab.candidates import Candidate, CandidateSpace, explain_candidates
+from aoizora_lab.comm_model import ModelOptions
 from aoizora_lab.compile import (
     CompiledCandidate,
     CompileQueue,
@@ -113,6 +114,8 @@ class PlanResult:
     skipped: tuple[NotRun, ...] = ()
     """Survivors' further flag sets that could not have won (``CANNOT_WIN``, the flag rule of
     :mod:`aoizora_lab.jobs`)."""
+    model: ModelOptions = field(default_factory=ModelOptions)
+    """The ICI model everything was priced under (:attr:`PlanOptions.model`)."""
 
     @property
     def programs(self) -> dict[tuple[str, str], CommProgram]:
@@ -145,7 +148,7 @@ class PlanResult:
                                f"{yours.status.value}: {yours.reason}")
         mine, best = yours.plan, self.best
         placed = rank_placements(mine.program, mine.candidate, mine.topology, budget=budget,
-                                 top=1, flags=mine.flags)[0]
+                                 top=1, flags=mine.flags, options=self.model)[0]
         changes = [f"sharding {mine.candidate.name} -> {best.candidate.name}"
                    if mine.candidate != best.candidate else "",
                    f"flags {mine.flags.label} -> {best.flags.label}"
@@ -185,7 +188,8 @@ def plan(workload: Workload, topology: Topology, options: PlanOptions = FULL_SEA
     stages = _Stages(workload, topology, quiet=options.quiet)
     policy: Admission = FullSearch(options.max_compiled) if options.time_limit_s is None \
         else TimeLimited(options.time_limit_s, topology, budget=options.budget,
-                         top=options.top_placements, max_survivors=options.max_compiled)
+                         top=options.top_placements, max_survivors=options.max_compiled,
+                         model=options.model)
     space = explain_candidates(workload, topology)
     stages.next("candidates", f"{len(space.valid)} valid candidates; tracing their IR")
     pruning = prune(space.valid, workload, topology, keep=options.keep,
@@ -203,7 +207,8 @@ def plan(workload: Workload, topology: Topology, options: PlanOptions = FULL_SEA
                 else "not compiling the existing systems' setups (systems=False)")
     compiled, skipped, extra = _sorted_outcomes(jobs, outcomes)
     _check_compiled(compiled)
-    baselines = score_baselines(workload, topology, pruning, setups, outcomes)
+    baselines = score_baselines(workload, topology, pruning, setups, outcomes,
+                                options=options.model)
     if first_run is not None:  # what this first run started, for the same plan again
         memoized("time-limited-plan", first_run, lambda: frozenset(
             key for key, o in outcomes.items() if isinstance(o, CompiledCandidate)),
@@ -220,7 +225,8 @@ def plan(workload: Workload, topology: Topology, options: PlanOptions = FULL_SEA
     return PlanResult(space, pruning, compiled, ranking,
                       Baselines(baselines, plan_s=best.predicted.total_s), extra, searched,
                       best, headline(best, searched, baselines, compiled.ok,
-                                     pruning.could_win), skipped)
+                                     pruning.could_win, options=options.model), skipped,
+                      model=options.model)
 
 
 def _checked(workload: Workload, topology: Topology, options: PlanOptions
@@ -296,7 +302,7 @@ def _run_compiles(workload: Workload, topology: Topology, options: PlanOptions,
     jobs = build_jobs(pruning.kept, flag_sets, setups, partial(estimate_of, pruning),
                       pruning.could_win)
     rounds = policy.rounds(jobs)
-    prices, outcomes = Prices(topology), Outcomes()
+    prices, outcomes = Prices(topology, options.model), Outcomes()
     pool = executor or compile_executor(workload, topology, cache_dir=options.cache_dir,
                                         num_layers=options.num_layers)
     try:
@@ -354,30 +360,32 @@ def _searched(programs: Sequence[CompiledCandidate], survivors: set[tuple[str, s
     """Every program placed and ranked; the best of the ``survivors``' programs (the
     search's own) and the top of them all, each as a :class:`Plan`."""
     ranking = Ranking(entry for ranked in _rank_programs(
-        programs, topology, options.budget, options.top_placements, workload.name)
-        for entry in ranked).ranked()
+        programs, topology, options.budget, options.top_placements, workload.name,
+        options.model) for entry in ranked).ranked()
     by_key = {r.key: r.program for r in programs}
 
     def as_plan(entry: RankedPlacement) -> Plan:
         program = by_key[entry.candidate.name, entry.flags.label]
         return Plan(workload, topology, entry.candidate, entry.placement, entry.predicted,
-                    program, breakdown(program, topology, entry.placement), flags=entry.flags)
+                    program, breakdown(program, topology, entry.placement,
+                                       options=options.model), flags=entry.flags)
 
     own = next(e for e in ranking if (e.candidate.name, e.flags.label) in survivors)
     return as_plan(own), as_plan(ranking[0]), ranking
 
 
 def _rank_programs(programs: Sequence[CompiledCandidate], topology: Topology, budget: int,
-                   top: int, what: str) -> list[Ranking]:
+                   top: int, what: str, model: ModelOptions) -> list[Ranking]:
     """:func:`rank_placements` of each compiled program, in order. The searches not stored
     yet run side by side in worker processes (:func:`warm_in_workers`) where the slice can be
     rebuilt there (libtpu's deviceless devices by name, or a simulated slice); then every
     ranking is read here, so a warm plan starts no process."""
     todo = [r for r in programs if not is_ranked(r.program, r.candidate, topology,
-                                                 budget=budget, top=top, flags=r.flags)]
+                                                 budget=budget, top=top, flags=r.flags,
+                                                 options=model)]
     if topology.portable:
         warm_in_workers(_rank_in_worker, [(r.program, r.candidate, topology, budget, top,
-                                           r.flags) for r in todo],
+                                           r.flags, model) for r in todo],
                         what=f"plan {what} on {topology.name}: placement searches")
     ticker = Ticker()
     rankings = []
@@ -385,11 +393,12 @@ def _rank_programs(programs: Sequence[CompiledCandidate], topology: Topology, bu
         ticker.note(f"plan {what} on {topology.name}: placed {index} of {len(programs)} "
                     "programs")
         rankings.append(rank_placements(r.program, r.candidate, topology, budget=budget,
-                                        top=top, flags=r.flags))
+                                        top=top, flags=r.flags, options=model))
     return rankings
 
 
 def _rank_in_worker(program: CommProgram, candidate: Candidate, topology: Topology,
-                    budget: int, top: int, flags: CompilerFlags) -> None:
+                    budget: int, top: int, flags: CompilerFlags, model: ModelOptions) -> None:
     """In a worker process: store the ranking (:func:`_rank_programs` reads it back)."""
-    rank_placements(program, candidate, topology, budget=budget, top=top, flags=flags)
+    rank_placements(program, candidate, topology, budget=budget, top=top, flags=flags,
+                    options=model)

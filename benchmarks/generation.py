@@ -15,6 +15,7 @@ import pandas as pd
 
 from aoizora_lab.bench.generation import SECTION, generation_check
 from aoizora_lab.bench.report import ReportFile
+from aoizora_lab.versions import code_versions
 
 
 def main() -> None:
@@ -29,7 +30,8 @@ def main() -> None:
             index=False, float_format=lambda v: f"{v:.4g}"))
         print(check.targets.to_string(index=False))
     report = ReportFile(args.out, keep=True, command="python benchmarks/generation.py")
-    report.add(check.markdown())
+    report.add(check.markdown(),
+               code=code_versions("aoizora_lab.bench.generation")["code"])
     print(f"\nwrote {report.path}")
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 
 from aoizora_lab.bench import ReportFile, interactive_markdown, interactive_speed
+from aoizora_lab.versions import code_versions
 
 
 def main() -> None:
@@ -26,7 +27,8 @@ def main() -> None:
     print(table.to_string(index=False, float_format=lambda v: f"{v:.1f}"))
     if args.out:
         report = ReportFile(args.out, command="python benchmarks/interactive.py", keep=True)
-        report.add(interactive_markdown(table))
+        report.add(interactive_markdown(table),
+                   code=code_versions("aoizora_lab.bench.interactive")["code"])
         print(f"section written to {report.path}")
 
 

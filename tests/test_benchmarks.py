@@ -505,3 +505,25 @@ def test_the_robust_note_names_where_the_plan_is_not_the_robust_choice():
     assert "The plan recommended is not the robust choice on 1: w2 on s2." in note
     agreeing = bench.quality._robust_differs(robust.iloc[:1])
     assert "agree on all 1" in agreeing and "robust choice on all 1" in agreeing
+
+
+def test_a_kept_section_made_by_other_code_says_it_is_stale(tmp_path):
+    path = tmp_path / "benchmarks.md"
+    bench.ReportFile(path).add("## Plan quality\n\nrows\n")  # a report to keep sections of
+    report = bench.ReportFile(path, keep=True, command="aoizora-lab bench --only search-cost")
+    report.add("## Search cost\n\nold rows\n", code="aoizora_lab.bench.search@0000")
+    search = code_versions("aoizora_lab.bench.search")["code"]
+    report.add("## Placement throughput\n\nrows\n", code="aoizora_lab.bench.throughput@"
+               + code_versions("aoizora_lab.bench.throughput")["code"].partition("@")[2])
+    text = path.read_text()
+    assert text.count("**Stale:** ") == 1  # the search-cost section only
+    note = text[text.index("**Stale:** "):].split("\n")[0]
+    assert "`aoizora_lab.bench.search@0000`" in note and f"`{search}`" in note
+    assert "`aoizora-lab bench --only search-cost`" in note
+    assert text.index("## Search cost") < text.index(note) < text.index("old rows")
+    report.add("## Placement throughput\n\nrows again\n")  # another write: one note still
+    assert path.read_text().count("**Stale:** ") == 1
+    report.add("## Search cost\n\nnew rows\n", code=search)  # regenerated: current
+    text = path.read_text()
+    assert "**Stale:** " not in text and "new rows" in text and "\n\n\n" not in text
+    assert bench.report.stale_note("## Search cost\n\nno stamp\n") is None

@@ -14,7 +14,7 @@ from aoizora_lab.jobs import OriginKind
 from aoizora_lab.models.parallel import ParallelPlan
 from aoizora_lab.models.wan import init_params
 from aoizora_lab.options import PlanOptions
-from aoizora_lab.placement import Placement, Source
+from aoizora_lab.placement import Placement, Source, plain_order
 from aoizora_lab.planner import plan
 from aoizora_lab.realize import Plan
 
@@ -294,7 +294,6 @@ def _replay(kept, by_key, topology, further, interleaved):
     step priced before each decision: compiled again with the further flags exactly when
     the compute alone could still beat it."""
     from aoizora_lab.cost import predict
-    from aoizora_lab.placement import plain_order
 
     def step(key):
         r = by_key[key]
@@ -495,3 +494,27 @@ def test_the_planner_prunes_under_the_flag_sets_it_searches(monkeypatch):
         plan(WORKLOAD, topology, options)
     assert seen["flag_async"] == options.flag_async(topology) == (
         frozenset(), frozenset({"all-to-all"}))
+
+
+@pytest.mark.slow  # plans again on the compiles the planned fixture cached
+def test_the_plans_model_options_price_everything_it_answers(planned):
+    from aoizora_lab.comm_model import ModelOptions
+    from aoizora_lab.cost import predict
+
+    topology = planned.best.topology
+    logical = ModelOptions(order="logical")  # every group's ring in its logical order
+    result = plan(WORKLOAD, topology, PlanOptions(budget=400, model=logical))
+    assert result.model == logical and planned.model == ModelOptions()
+
+    def priced(p, options):
+        return predict(p.program, topology, p.placement, options=options).total_s
+
+    plans = [result.best, result.searched, *result.baseline_plans.values()]
+    assert all(p.predicted.total_s == priced(p, logical) for p in plans)
+    # The option changes prices here, so a plan priced under the default would show it.
+    assert any(priced(p, logical) != priced(p, ModelOptions()) for p in plans)
+    assert result.headline.plain_s == predict(result.best.program, topology,
+                                              plain_order(topology),
+                                              options=logical).total_s
+    with pytest.raises(az.AoizoraError, match=r"PlanOptions\(model='logical'\)"):
+        PlanOptions(model="logical")

@@ -16,6 +16,7 @@ import importlib.metadata
 import math
 import os
 import platform
+import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -180,14 +181,39 @@ def _sections(text: str) -> list[str]:
     return ["## " + part.strip("\n") for part in parts]
 
 
+_STAMP = re.compile(r"^_Regenerated on (?P<date>[^_]+?) by `(?P<command>[^`]+)` "
+                    r"\(code `(?P<code>[\w.]+@\w+)`", re.M)
+_STALE = "**Stale:** "
+
+
+def stale_note(section: str) -> str | None:
+    """Why a section regenerated on its own is stale: the code that made it (its stamp's
+    ``module@digest``) is not today's (:func:`~aoizora_lab.versions.code_versions` of that
+    module); ``None`` where it is current or has no stamp."""
+    stamp = _STAMP.search(section)
+    if stamp is None:
+        return None
+    module = stamp["code"].partition("@")[0]
+    try:
+        today = code_versions(module)["code"]
+    except ValueError:  # a module no longer in the package
+        today = "none"
+    if today == stamp["code"]:
+        return None
+    return (f"{_STALE}made on {stamp['date']} by code `{stamp['code']}`, and today's is "
+            f"`{today}`: its numbers may have changed. Regenerate it with "
+            f"`{stamp['command']}`.")
+
+
 class ReportFile:
     """The report at ``path``, rewritten after every section it is given, so that an
     interrupted run keeps the benchmarks that finished.
 
     With ``keep=True`` the sections already in the file stay, each replaced in place when a
     section of the same heading is added, so one benchmark can be regenerated on its own; a
-    section added beside kept ones carries the date it was generated (the header's date is
-    the last write's). The file is read again before each write, so two runs writing
+    section added beside kept ones carries the date it was generated and the code that made
+    it (the header's date is the last write's), and a kept section made by other code says
+    so (:func:`stale_note`). The file is read again before each write, so two runs writing
     different sections of one report at the same time keep each other's.
     """
 
@@ -205,15 +231,17 @@ class ReportFile:
         self._kept = bool(self.sections)
         self.path.parent.mkdir(parents=True, exist_ok=True)
 
-    def add(self, section: str) -> None:
-        """Add ``section`` (replacing one of the same heading) and write the report."""
+    def add(self, section: str, *, code: str | None = None) -> None:
+        """Add ``section`` (replacing one of the same heading) and write the report.
+        ``code``: the code key of what made it (``code_versions(module)["code"]``; default
+        the benchmarks package's, every module they import)."""
         title = section_title(section)
         if self._kept:  # the header's date is not all of the report's: date the section
             env = environment()
             heading, _, body = section.strip("\n").partition("\n")
             section = (f"{heading}\n\n_Regenerated on {env['date']} by `{self.command}` "
-                       f"(code `{env['code']}`, jax {env['jax']}, libtpu {env['libtpu']})._"
-                       f"\n{body}")
+                       f"(code `{code or env['code']}`, jax {env['jax']}, libtpu "
+                       f"{env['libtpu']})._\n{body}")
         if self.keep and self.path.exists():
             self.sections = _sections(self.path.read_text())
         titles = [section_title(s) for s in self.sections]
@@ -221,4 +249,17 @@ class ReportFile:
             self.sections[titles.index(title)] = section
         else:
             self.sections.append(section)
+        self.sections = [_marked(s) for s in self.sections]
         self.path.write_text(render_report(self.sections, command=self.command))
+
+
+def _marked(section: str) -> str:
+    """``section`` with its stale note now (:func:`stale_note`): added, mended or dropped."""
+    lines = section.split("\n")
+    for i in reversed([i for i, line in enumerate(lines) if line.startswith(_STALE)]):
+        del lines[i - 1:i + 1]  # the note and the blank line it came with
+    note = stale_note(section)
+    if note is not None:
+        stamp = next(i for i, line in enumerate(lines) if _STAMP.match(line))
+        lines[stamp + 1:stamp + 1] = ["", note]
+    return "\n".join(lines)
