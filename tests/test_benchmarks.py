@@ -527,3 +527,5 @@ def test_a_kept_section_made_by_other_code_says_it_is_stale(tmp_path):
     text = path.read_text()
     assert "**Stale:** " not in text and "new rows" in text and "\n\n\n" not in text
     assert bench.report.stale_note("## Search cost\n\nno stamp\n") is None
+    older = "## Quick plans\n\n_Regenerated on 2026-12-05 20:55 UTC by `x --only quick`._\n"
+    assert "before sections recorded the code" in bench.report.stale_note(older)

@@ -181,18 +181,23 @@ def _sections(text: str) -> list[str]:
     return ["## " + part.strip("\n") for part in parts]
 
 
-_STAMP = re.compile(r"^_Regenerated on (?P<date>[^_]+?) by `(?P<command>[^`]+)` "
-                    r"\(code `(?P<code>[\w.]+@\w+)`", re.M)
+_STAMP = re.compile(r"^_Regenerated on (?P<date>[^_]+?) by `(?P<command>[^`]+)`"
+                    r"(?: \(code `(?P<code>[\w.]+@\w+)`)?", re.M)
 _STALE = "**Stale:** "
 
 
 def stale_note(section: str) -> str | None:
     """Why a section regenerated on its own is stale: the code that made it (its stamp's
     ``module@digest``) is not today's (:func:`~aoizora_lab.versions.code_versions` of that
-    module); ``None`` where it is current or has no stamp."""
+    module), or its stamp predates recording it; ``None`` where it is current or has no
+    stamp."""
     stamp = _STAMP.search(section)
     if stamp is None:
         return None
+    again = f"Regenerate it with `{stamp['command']}`."
+    if stamp["code"] is None:
+        return (f"{_STALE}made on {stamp['date']}, before sections recorded the code that "
+                f"made them: its numbers may be other code's. {again}")
     module = stamp["code"].partition("@")[0]
     try:
         today = code_versions(module)["code"]
@@ -201,8 +206,7 @@ def stale_note(section: str) -> str | None:
     if today == stamp["code"]:
         return None
     return (f"{_STALE}made on {stamp['date']} by code `{stamp['code']}`, and today's is "
-            f"`{today}`: its numbers may have changed. Regenerate it with "
-            f"`{stamp['command']}`.")
+            f"`{today}`: its numbers may have changed. {again}")
 
 
 class ReportFile:
