@@ -702,8 +702,9 @@ def with_fallbacks(setups: Sequence[SystemSetups], outcomes: Mapping[tuple[str, 
     README's Ulysses section adds the all-to-all flag last); then, if that fails too, with no
     flags, which says whether the flags are to blame (a program that fails without them gets
     no further try: failures are not cached, so every try is paid again on each plan); then
-    less each other flag in turn, up to the first that compiles, which the system then runs
-    rather than the flagless try (:func:`score_baselines`). Each try is one more setup
+    less each other flag in turn, up to the first that compiles, which then stands for the
+    recipe instead of the flagless try (:func:`score_baselines`; the system still takes its
+    fastest setup). Each try is one more setup
     whose :attr:`Setup.dropped` says which flags it leaves out and why.
 
     Call it again as outcomes arrive: each call adds the next try of every recipe whose
@@ -816,8 +817,11 @@ def _scored(group: SystemSetups, workload: Workload, topology: Topology, pruning
             priced.append((s, plan))
     # A recipe's try without any flags is what its user runs only where no try keeping some
     # of them compiled (else the test of whether the flags are to blame).
-    kept = {s.candidate.name for s, _ in priced if s.dropped and not s.flagless}
-    runs = [(s, p) for s, p in priced if not (s.flagless and s.candidate.name in kept)]
+    def recipe(s: Setup) -> tuple[str, tuple[int, ...]]:  # its tries share both
+        return s.candidate.name, s.placement.order
+
+    kept = {recipe(s) for s, _ in priced if s.dropped and not s.flagless}
+    runs = [(s, p) for s, p in priced if not (s.flagless and recipe(s) in kept)]
     if runs:
         setup, plan = min(runs, key=lambda pair: pair[1].predicted.total_s)
         return BaselineOutcome(name, Status.OK, setup, plan, trials=tuple(trials))

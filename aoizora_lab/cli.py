@@ -210,7 +210,7 @@ def _plan_command(args: argparse.Namespace) -> int:
             print(assessment[:args.top].to_frame().drop(columns=["median_winner"])
                   .to_string(float_format=lambda v: f"{v:.4g}"))
         if args.whole:
-            video = plan_generation(best, steps)
+            video = plan_generation(best, steps, options=result.model)
             print(f"\nThe whole video ({steps} steps; text encoder and VAE decoder planned on "
                   f"the same slice, each on its own mesh): {video.total_s:.4g} s")
             frame = video.to_frame()
@@ -243,7 +243,7 @@ def _plan_command(args: argparse.Namespace) -> int:
         best.to_json(args.json)
         print(f"\nplan written to {args.json}")
     if args.verify:
-        check = best.verify(num_layers=args.layers)
+        check = best.verify(num_layers=args.layers, options=result.model)
         print(f"\nThe best plan compiled on its own mesh: {check.summary()}")
         if not check.equal:
             with pd.option_context("display.width", 250, "display.max_colwidth", 120):

@@ -60,10 +60,11 @@ class PlanOptions:
     model: ModelOptions = field(default_factory=ModelOptions)
     """How the ICI model prices (:class:`~aoizora_lab.comm_model.ModelOptions`: which order
     model a collective's group follows, how much asynchronous work overlaps): the placement
-    search, the systems' setups and the headline all price under it. The default is the one
-    the published order-only measurements chose (``reports/benchmarks.md``, "Device
-    order"); another answers "what if the TPU behaved so" (``aoizora-lab plan
-    --order-model``)."""
+    search, the systems' setups, the headline and the ensemble's draws all price under it
+    (pruning's IR estimates, which only order and cap what compiles, use the default). The
+    default is the one the published order-only measurements chose
+    (``reports/benchmarks.md``, "Device order"); another answers "what if the TPU behaved
+    so" (``aoizora-lab plan --order-model``)."""
     flags: tuple[CompilerFlags, ...] = field(
         default_factory=lambda: tuple(map(compiler_flags, SEARCHED_FLAGS)))
     """The flag sets every kept candidate is compiled with, as names of

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from aoizora_lab.candidates import Candidate
+from aoizora_lab.comm_model import ModelOptions
 from aoizora_lab.compile import DEFAULT_FLAGS, CompilerFlags, compiler_flags
 from aoizora_lab.cost import Predicted, predict
 from aoizora_lab.errors import AoizoraError
@@ -135,8 +136,8 @@ class Plan:
                                      self.placement.order, self.flags, num_layers),
                         compile_and_read, code=__name__)
 
-    def verify(self, num_layers: int | None = None, scored: CommProgram | None = None
-               ) -> Realisation:
+    def verify(self, num_layers: int | None = None, scored: CommProgram | None = None, *,
+               options: ModelOptions | None = None) -> Realisation:
         """Compile this plan on its own mesh (the placement's device order on the topology's
         devices: the ``Mesh`` that :meth:`mesh` realises) and compare it with the program the
         search scored (``scored``; default :attr:`program`): collectives and predicted step
@@ -145,8 +146,10 @@ class Plan:
         Pass the ``num_layers`` the scored program was compiled at (the planner's): a fold has
         the full depth's collectives and layer-loop compute, but ops outside the loop that
         touch the whole weight stack do not fold, so another depth may differ in time.
+        ``options``: the ICI model the plan was priced under (``PlanResult.model``).
         """
-        return compare_realised(self, self.compiled_program(num_layers), scored)
+        return compare_realised(self, self.compiled_program(num_layers), scored,
+                                options=options)
 
     def run(self, params: Any, inputs: dict[str, Any], devices: Any = None) -> Any:
         """Run one denoising step under this plan on live devices."""
@@ -331,8 +334,8 @@ class Realisation:
         return self.differences.to_frame()
 
 
-def compare_realised(plan: Plan, realised: CommProgram, scored: CommProgram | None = None
-                     ) -> Realisation:
+def compare_realised(plan: Plan, realised: CommProgram, scored: CommProgram | None = None, *,
+                     options: ModelOptions | None = None) -> Realisation:
     """Compare ``realised`` (a compile of ``plan`` on its own mesh) with ``scored`` (default
     ``plan.program``): collectives as multisets of (kind, logical groups, bytes, runs), the
     algorithm and schedule of each, and :func:`~aoizora_lab.cost.predict` of both on the
@@ -356,7 +359,8 @@ def compare_realised(plan: Plan, realised: CommProgram, scored: CommProgram | No
             found.append(Difference("algorithm", *key,
                                     sum(a != b for a, b in zip(was, now, strict=True)),
                                     f"scored {_labels(was)}; realised {_labels(now)}"))
-    prices = [predict(p, plan.topology, plan.placement) for p in (scored, realised)]
+    prices = [predict(p, plan.topology, plan.placement, options=options)
+              for p in (scored, realised)]
     moved = [f"{name} {getattr(prices[0], name):.6g} s scored, {getattr(prices[1], name):.6g} s "
              "realised" for name in ("compute_s", "comm_s", "total_s")
              if not math.isclose(getattr(prices[0], name), getattr(prices[1], name),

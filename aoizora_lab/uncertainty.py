@@ -43,6 +43,7 @@ plan was searched with.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -344,14 +345,17 @@ def sources() -> pd.DataFrame:
 
 def price(program: Any, topology: Topology, placement: Any,
           ensemble: Ensemble = DEFAULT_ENSEMBLE, *, chip: ChipSpec | None = None,
-          kernel: str = DEFAULT_KERNEL) -> np.ndarray:
+          kernel: str = DEFAULT_KERNEL, model: ModelOptions | None = None) -> np.ndarray:
     """The step of a compiled ``program`` on ``placement`` under every draw of ``ensemble``
     (``[count]`` seconds, draw by draw as :meth:`Ensemble.units` orders them); ``kernel``:
-    the attention kernel the program's attention stands for (:data:`KERNELS`)."""
+    the attention kernel the program's attention stands for (:data:`KERNELS`); ``model``:
+    the ICI model the draws vary (its order drawn where the ensemble draws it, its other
+    options kept; default :class:`~aoizora_lab.comm_model.ModelOptions`)."""
     constants = ensemble.constants(topology, chip, kernel=kernel)
+    base = model or ModelOptions()
     total = np.empty(ensemble.count)
     for picked, index in ensemble.choice_groups():
-        options = ModelOptions(order=picked.get("order", ModelOptions().order))
+        options = dataclasses.replace(base, order=picked.get("order", base.order))
         _, steps = predict_draws(program, topology, placement, constants.take(index),
                                  chip=chip, compute_model=picked.get("compute_model"),
                                  options=options)
@@ -375,7 +379,7 @@ class Option:
     """``"search"`` (a survivor's program placed by the search), ``"setup"`` (a system's
     setup placed by the search) or the system's name (its setup in its own order)."""
     point_s: float
-    """The step under the default model (what the plan prints)."""
+    """The step under the plan's model (``PlanResult.model``; what the plan prints)."""
     steps: np.ndarray = field(repr=False)
     """The step under each draw ``[count]``."""
 
@@ -406,7 +410,7 @@ class Odds:
     speedup: tuple[float, float, float]
     """The system's step over the plan's: 10th percentile, median, 90th percentile."""
     point: float
-    """The same ratio under the default model (the headline's)."""
+    """The same ratio under the plan's model (the headline's)."""
     known: bool = True
     """False where a time limit left setups of the system that could still win uncompiled
     (``Headline.unchecked``): the odds are then against the setups compiled only, and who is
@@ -523,7 +527,7 @@ class Assessment(Records[Option]):
         each system, the robust choices and the constants that move the answer most."""
         plan = self.option(self.plan)
         lines = [f"plan {plan.label}: median {plan.median_s:.4g} s, 80 % interval "
-                 f"{plan.low_s:.4g} - {plan.high_s:.4g} s (default model {plan.point_s:.4g} s)"]
+                 f"{plan.low_s:.4g} - {plan.high_s:.4g} s (point estimate {plan.point_s:.4g} s)"]
         for o in self.odds:
             if not o.known:
                 lines.append(f"against {o.system}: not known within the time limit (setups that "
@@ -587,9 +591,10 @@ def _label(candidate: str, flags: str) -> str:
 
 
 def assess(result: PlanResult, ensemble: Ensemble = DEFAULT_ENSEMBLE) -> Assessment:
-    """A plan's answer with intervals: every compiled program on its best placement (the
-    default model's), and every system on its own, priced under ``ensemble``; the odds of
-    the search's own best (``result.searched``, the headline's plan) against each system."""
+    """A plan's answer with intervals: every compiled program on its best placement (under
+    the plan's model, ``result.model``), and every system on its own, priced under
+    ``ensemble`` around that model; the odds of the search's own best (``result.searched``,
+    the headline's plan) against each system."""
     options: list[Option] = []
     searched_keys = {r.key for r in result.compiled.ok}
     seen: set[tuple[str, str]] = set()
@@ -602,7 +607,8 @@ def assess(result: PlanResult, ensemble: Ensemble = DEFAULT_ENSEMBLE) -> Assessm
         seen.add(key)
         options.append(Option(_label(*key), "search" if key in searched_keys else "setup",
                               ranked.predicted.total_s,
-                              price(programs[key], topology, ranked.placement, ensemble)))
+                              price(programs[key], topology, ranked.placement, ensemble,
+                                    model=result.model)))
     plan_label = _label(result.searched.candidate.name, result.searched.flags.label)
     plan = next((o for o in options if o.label == plan_label), None)
     if plan is None:  # the searched plan is always ranked; keep a clear error if not
@@ -611,7 +617,8 @@ def assess(result: PlanResult, ensemble: Ensemble = DEFAULT_ENSEMBLE) -> Assessm
     for name, system in result.baselines.plans.items():
         if system.program is None:
             continue
-        steps = price(system.program, topology, system.placement, ensemble)
+        steps = price(system.program, topology, system.placement, ensemble,
+                      model=result.model)
         options.append(Option(f"{name}: {_label(system.candidate.name, system.flags.label)}",
                               name, system.predicted.total_s, steps))
         probability, speedup = odds(plan.steps, steps)

@@ -18,7 +18,6 @@ import pandas as pd
 
 from aoizora_lab.bench.order import SECTION, device_order_check
 from aoizora_lab.bench.report import ReportFile
-from aoizora_lab.versions import code_versions
 
 
 def main() -> None:
@@ -46,7 +45,7 @@ def main() -> None:
             print(check.plans.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
     report = ReportFile(args.out, keep=True, command="python benchmarks/device_order.py")
     report.add(check.markdown(),
-               code=code_versions("aoizora_lab.bench.order")["code"])
+               module="aoizora_lab.bench.order")
     print(f"\nwrote {report.path}")
 
 

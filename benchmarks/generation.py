@@ -15,7 +15,6 @@ import pandas as pd
 
 from aoizora_lab.bench.generation import SECTION, generation_check
 from aoizora_lab.bench.report import ReportFile
-from aoizora_lab.versions import code_versions
 
 
 def main() -> None:
@@ -31,7 +30,7 @@ def main() -> None:
         print(check.targets.to_string(index=False))
     report = ReportFile(args.out, keep=True, command="python benchmarks/generation.py")
     report.add(check.markdown(),
-               code=code_versions("aoizora_lab.bench.generation")["code"])
+               module="aoizora_lab.bench.generation")
     print(f"\nwrote {report.path}")
 
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 
 from aoizora_lab.bench import ReportFile, interactive_markdown, interactive_speed
-from aoizora_lab.versions import code_versions
 
 
 def main() -> None:
@@ -28,7 +27,7 @@ def main() -> None:
     if args.out:
         report = ReportFile(args.out, command="python benchmarks/interactive.py", keep=True)
         report.add(interactive_markdown(table),
-                   code=code_versions("aoizora_lab.bench.interactive")["code"])
+                   module="aoizora_lab.bench.interactive")
         print(f"section written to {report.path}")
 
 

@@ -507,14 +507,18 @@ def test_the_robust_note_names_where_the_plan_is_not_the_robust_choice():
     assert "agree on all 1" in agreeing and "robust choice on all 1" in agreeing
 
 
-def test_a_kept_section_made_by_other_code_says_it_is_stale(tmp_path):
+def test_a_kept_section_made_by_other_code_says_it_is_stale(tmp_path, monkeypatch):
     path = tmp_path / "benchmarks.md"
     bench.ReportFile(path).add("## Plan quality\n\nrows\n")  # a report to keep sections of
     report = bench.ReportFile(path, keep=True, command="aoizora-lab bench --only search-cost")
-    report.add("## Search cost\n\nold rows\n", code="aoizora_lab.bench.search@0000")
-    search = code_versions("aoizora_lab.bench.search")["code"]
-    report.add("## Placement throughput\n\nrows\n", code="aoizora_lab.bench.throughput@"
-               + code_versions("aoizora_lab.bench.throughput")["code"].partition("@")[2])
+    today = bench.report.code_versions
+    search = today("aoizora_lab.bench.search")["code"]
+    # The search-cost section as other code made it (its module's digest then):
+    monkeypatch.setattr(bench.report, "code_versions", lambda module: {
+        **today(module), "code": f"{module}@0000"})
+    report.add("## Search cost\n\nold rows\n", module="aoizora_lab.bench.search")
+    monkeypatch.setattr(bench.report, "code_versions", today)
+    report.add("## Placement throughput\n\nrows\n", module="aoizora_lab.bench.throughput")
     text = path.read_text()
     assert text.count("**Stale:** ") == 1  # the search-cost section only
     note = text[text.index("**Stale:** "):].split("\n")[0]
@@ -523,9 +527,15 @@ def test_a_kept_section_made_by_other_code_says_it_is_stale(tmp_path):
     assert text.index("## Search cost") < text.index(note) < text.index("old rows")
     report.add("## Placement throughput\n\nrows again\n")  # another write: one note still
     assert path.read_text().count("**Stale:** ") == 1
-    report.add("## Search cost\n\nnew rows\n", code=search)  # regenerated: current
+    report.add("## Search cost\n\nnew rows\n", module="aoizora_lab.bench.search")  # current
     text = path.read_text()
     assert "**Stale:** " not in text and "new rows" in text and "\n\n\n" not in text
+    assert f"(code `{search}`, jax " in text
     assert bench.report.stale_note("## Search cost\n\nno stamp\n") is None
     older = "## Quick plans\n\n_Regenerated on 2026-12-05 20:55 UTC by `x --only quick`._\n"
     assert "before sections recorded the code" in bench.report.stale_note(older)
+    gone = "## X\n\n_Regenerated on 2026 by `x` (code `aoizora_lab.gone@1`, jax 0)._\nrows"
+    assert "today's is `none`" in bench.report.stale_note(gone)
+    # The note goes in its own paragraph even where the body follows the stamp at once.
+    assert bench.report._marked(gone).split("\n")[3:6] == [
+        "", bench.report.stale_note(gone), ""]

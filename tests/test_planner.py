@@ -509,12 +509,20 @@ def test_the_plans_model_options_price_everything_it_answers(planned):
     def priced(p, options):
         return predict(p.program, topology, p.placement, options=options).total_s
 
-    plans = [result.best, result.searched, *result.baseline_plans.values()]
+    systems = list(result.baseline_plans.values())
+    plans = [result.best, result.searched, *systems]
     assert all(p.predicted.total_s == priced(p, logical) for p in plans)
-    # The option changes prices here, so a plan priced under the default would show it.
-    assert any(priced(p, logical) != priced(p, ModelOptions()) for p in plans)
+    # The option changes a system's price here, so one priced under the default would show.
+    assert any(priced(p, logical) != priced(p, ModelOptions()) for p in systems)
+    programs = result.programs
+    assert all(e.predicted.total_s == predict(programs[e.candidate.name, e.flags.label],
+                                              topology, e.placement, options=logical).total_s
+               for e in result.ranking)
     assert result.headline.plain_s == predict(result.best.program, topology,
                                               plain_order(topology),
                                               options=logical).total_s
+    in_plain = [predict(r.program, topology, plain_order(topology), options=logical).total_s
+                for r in result.compiled.ok]
+    assert result.headline.strategy_s == min(in_plain)
     with pytest.raises(az.AoizoraError, match=r"PlanOptions\(model='logical'\)"):
         PlanOptions(model="logical")

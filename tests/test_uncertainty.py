@@ -49,13 +49,14 @@ def _draw(constants, index):
             for f in dataclasses.fields(Constants)}
 
 
+@pytest.mark.parametrize("base", [None, ModelOptions(routing="dimension-order")])
 @pytest.mark.parametrize("order", [None, np.random.default_rng(3).permutation(16)])
-def test_ensemble_pricing_is_single_draw_pricing_draw_by_draw(order):
+def test_ensemble_pricing_is_single_draw_pricing_draw_by_draw(order, base):
     program = _program()
     assert {op.op_class for op in program.ops} >= {"matmul"}
     assert any(not op.estimated_cycles for op in program.ops)  # the roofline op is priced
     ensemble = Ensemble(count=24, seed=5)
-    steps = price(program, TOPOLOGY, order, ensemble)
+    steps = price(program, TOPOLOGY, order, ensemble, model=base)
     constants = ensemble.constants(TOPOLOGY)
     _, picks = ensemble.units()
     assert len(set(map(tuple, picks.tolist()))) == 4  # every combination of choices drawn
@@ -63,11 +64,15 @@ def test_ensemble_pricing_is_single_draw_pricing_draw_by_draw(order):
         drawn = _draw(constants, index)
         chip = CHIP.replace(**{k: v for k, v in drawn.items() if k != "overlap"})
         chosen = {c.name: c.values[i] for c, i in zip(CHOICES, picks[index], strict=True)}
+        options = dataclasses.replace(base or ModelOptions(), order=chosen["order"],
+                                      overlap=drawn["overlap"])  # the base's other options
         alone = predict(program, TOPOLOGY, order, chip=chip,
-                        compute_model=chosen["compute_model"],
-                        options=ModelOptions(order=chosen["order"], overlap=drawn["overlap"]))
+                        compute_model=chosen["compute_model"], options=options)
         assert steps[index] == pytest.approx(alone.total_s, rel=1e-9), (index, drawn, chosen)
     assert np.ptp(steps) > 0  # the draws really differ
+    if base is not None and order is not None:  # scattered groups route differently:
+        # the base model's options are kept, not reset
+        assert not np.allclose(steps, price(program, TOPOLOGY, order, ensemble))
 
 
 def test_the_die_to_die_path_is_drawn_on_tpu7x_and_priced_as_one_model():

@@ -85,7 +85,6 @@ from aoizora_lab.bench.throughput import (
 )
 from aoizora_lab.cases import Case, parse_case
 from aoizora_lab.errors import AoizoraError
-from aoizora_lab.versions import code_versions
 
 __all__ = [
     "BENCHMARKS",
@@ -173,37 +172,35 @@ def run_all(*, quick: bool = False, out: str | Path = "reports/benchmarks.md",
     # ``only``, the benchmarks not rerun.
     report = ReportFile(out, command=command, keep=True)
 
-    def made_by(module: str) -> str:  # a section's code: its own benchmark's
-        return code_versions(f"aoizora_lab.bench.{module}")["code"]
-
     if "plan-quality" in chosen:
         report.add(plan_quality(quality_matrix, num_layers=layers, cache_dir=cache_dir,
                                 progress=progress, resume=resume or records_only,
                                 plan_missing=not records_only,
                                 records=Path(out).parent / "plan-quality",
-                                on_case=lambda partial: report.add(partial.markdown(),
-                                                                   code=made_by("quality"))
-                                ).markdown(), code=made_by("quality"))
+                                on_case=lambda partial: report.add(
+                                    partial.markdown(), module="aoizora_lab.bench.quality")
+                                ).markdown(), module="aoizora_lab.bench.quality")
     if "search-cost" in chosen:
         report.add(search_cost(search_matrix, num_layers=layers, exhaustive=not skip_exhaustive,
-                               progress=progress).markdown(), code=made_by("search"))
+                               progress=progress).markdown(), module="aoizora_lab.bench.search")
     if "quick-plans" in chosen:  # after search cost, whose compiles it reads back
         quick_matrix = ([parse_case(c) for c in search_cases] if search_cases
                         else QUICK_MATRIX if quick else QUICK_PLAN_MATRIX)
         report.add(quick_plans(quick_matrix, num_layers=layers,
                                max_k=3 if quick else QUICK_PLAN_MAX,
                                time_limits=() if quick else TIME_LIMITS,
-                               progress=progress).markdown(), code=made_by("quick"))
+                               progress=progress).markdown(), module="aoizora_lab.bench.quick")
     if "placement-throughput" in chosen:
         if progress:
             progress("placement throughput")
         table = placement_throughput(evaluations,
                                      THROUGHPUT_CASES[:1] if quick else THROUGHPUT_CASES,
                                      cache_dir=cache_dir)
-        report.add(throughput_markdown(table, evaluations), code=made_by("throughput"))
+        report.add(throughput_markdown(table, evaluations),
+                   module="aoizora_lab.bench.throughput")
     if "interactive" in chosen:
         if progress:
             progress("interactive speed: the main job on empty caches, then warm")
         report.add(interactive_markdown(interactive_speed(progress=progress is not None)),
-                   code=made_by("interactive"))
+                   module="aoizora_lab.bench.interactive")
     return report.path

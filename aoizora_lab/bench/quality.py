@@ -159,8 +159,8 @@ class PlanQuality:
             "option with the lowest 90th-percentile step (`robust_choice`) and the one whose "
             "worst regret over the draws is least (`least_regret_choice`), among every "
             "compiled program the search placed (`candidate (flags)`), and the `plan` "
-            "recommended (the lowest step under the default model, a system's setup where "
-            "one beats the search). " + _robust_differs(robust),
+            "recommended (the lowest step under the row's `ici_model`, a system's setup "
+            "where one beats the search). " + _robust_differs(robust),
             markdown_table(robust),
             "**Where the gain comes from.** *Placement gain*: the plan's own compiled program "
             "in plain device order, where `jax.make_mesh` and where "

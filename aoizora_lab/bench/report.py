@@ -235,16 +235,18 @@ class ReportFile:
         self._kept = bool(self.sections)
         self.path.parent.mkdir(parents=True, exist_ok=True)
 
-    def add(self, section: str, *, code: str | None = None) -> None:
+    def add(self, section: str, *, module: str = "aoizora_lab.bench") -> None:
         """Add ``section`` (replacing one of the same heading) and write the report.
-        ``code``: the code key of what made it (``code_versions(module)["code"]``; default
-        the benchmarks package's, every module they import)."""
+        ``module``: what made it, whose code key (:func:`~aoizora_lab.versions.code_versions`)
+        stamps it; default the benchmarks package, every module they import. The key
+        follows imports only: what a section runs otherwise (notebooks, scripts outside the
+        package) does not stale it."""
         title = section_title(section)
         if self._kept:  # the header's date is not all of the report's: date the section
             env = environment()
             heading, _, body = section.strip("\n").partition("\n")
             section = (f"{heading}\n\n_Regenerated on {env['date']} by `{self.command}` "
-                       f"(code `{code or env['code']}`, jax {env['jax']}, libtpu "
+                       f"(code `{code_versions(module)['code']}`, jax {env['jax']}, libtpu "
                        f"{env['libtpu']})._\n{body}")
         if self.keep and self.path.exists():
             self.sections = _sections(self.path.read_text())
@@ -261,9 +263,10 @@ def _marked(section: str) -> str:
     """``section`` with its stale note now (:func:`stale_note`): added, mended or dropped."""
     lines = section.split("\n")
     for i in reversed([i for i, line in enumerate(lines) if line.startswith(_STALE)]):
-        del lines[i - 1:i + 1]  # the note and the blank line it came with
+        del lines[i - (lines[i - 1] == ""):i + 1]  # the note and the blank line it came with
     note = stale_note(section)
     if note is not None:
         stamp = next(i for i, line in enumerate(lines) if _STAMP.match(line))
-        lines[stamp + 1:stamp + 1] = ["", note]
+        after = [""] if stamp + 1 < len(lines) and lines[stamp + 1] != "" else []
+        lines[stamp + 1:stamp + 1] = ["", note, *after]
     return "\n".join(lines)
