@@ -462,12 +462,13 @@ def test_placement_searches_in_worker_processes_store_the_serial_rankings(tmp_pa
     monkeypatch.setattr(workers, "usable_cpus", lambda: 2)
     monkeypatch.setattr(workers, "run_in_workers",
                         lambda f, calls, **kw: started.append(len(calls)) or run(f, calls, **kw))
+    default = az.ModelOptions()  # the plan's model (PlanOptions.model)
     with cache_root_at(tmp_path / "parallel"):
-        rankings = planner._rank_programs(programs, topology, 300, 3, WORKLOAD.name)
+        rankings = planner._rank_programs(programs, topology, 300, 3, WORKLOAD.name, default)
         assert started == [len(programs)]  # every search went to the workers ...
         assert all(is_ranked(r.program, r.candidate, topology, budget=300, top=3,
                              flags=r.flags) for r in programs)  # ... which stored them
-        planner._rank_programs(programs, topology, 300, 3, WORKLOAD.name)
+        planner._rank_programs(programs, topology, 300, 3, WORKLOAD.name, default)
         assert started == [len(programs)]  # warm: no process started
     with cache_root_at(tmp_path / "serial"):
         serial = [rank_placements(r.program, r.candidate, topology, budget=300, top=3,

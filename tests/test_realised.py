@@ -15,6 +15,7 @@ from aoizora_lab import planner
 from aoizora_lab.baselines import Baselines, Headline
 from aoizora_lab.candidates import Candidate
 from aoizora_lab.cli import main
+from aoizora_lab.comm_model import ModelOptions
 from aoizora_lab.compile import Compiles, compile_candidates
 from aoizora_lab.cost import Predicted, breakdown, predict
 from aoizora_lab.hlo import CollectiveSite, CommProgram
@@ -112,7 +113,8 @@ def test_plan_verify_prints_the_check_and_fails_on_a_difference(snake, swept, mo
         return lambda *args, **kwargs: SimpleNamespace(ranking=ranking, best=best,
                                                        searched=best, baselines=Baselines(),
                                                        compiled=Compiles(),
-                                                       headline=Headline(1.0))
+                                                       headline=Headline(1.0),
+                                                       model=ModelOptions())
 
     command = ["plan", "wan2.1-t2v-1.3b@832x480x81/v5e:2x4", "--quiet", "--verify",
                "--draws", "0"]
