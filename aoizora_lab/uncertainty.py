@@ -545,6 +545,8 @@ class Assessment(Records[Option]):
                             ("robust (lowest 90th percentile)", self.robust),
                             ("least worst-case regret", self.least_regret)):
             lines.append(f"{name}: {label}")
+        if self.robust and self.robust != self.plan:
+            lines.append(self.trade())
         if len(self) > 1:
             drivers = self.drivers(topology, chip)
             constants = drivers[drivers["kind"] == "constant"].head(3)
@@ -554,6 +556,23 @@ class Assessment(Records[Option]):
                 for _, r in constants.iterrows()) + "; choices: " + "; ".join(
                 f"{r['name']} ({r['detail']})" for _, r in choices.iterrows()))
         return lines
+
+    def tradeoff(self) -> tuple[float, float]:
+        """The robust choice's median and 90th-percentile step over the plan's, less 1: what
+        it costs at the median and what it saves at the slow end (0, 0 where the plan is the
+        robust choice)."""
+        plan, robust = self.option(self.plan), self.option(self.robust)
+        return robust.median_s / plan.median_s - 1, robust.high_s / plan.high_s - 1
+
+    def trade(self) -> str:
+        """:meth:`tradeoff` for a reader choosing between the two: the plan stays the fastest
+        under the plan's model (every default has its source), and the robust choice bounds
+        the slow end; both are shown, neither replaces the other."""
+        median, high = self.tradeoff()
+        return (f"the robust choice is not the plan: {self.robust} is {median:+.1%} at the "
+                f"median and {high:+.1%} at the 90th percentile against the plan (the plan "
+                "is the fastest under the plan's model; run the robust one to bound the slow "
+                "end)")
 
     def _opponent(self, against: str | None) -> Option:
         if against is not None:
@@ -586,7 +605,8 @@ def odds(plan: np.ndarray, system: np.ndarray) -> tuple[float, tuple[float, floa
     return probability, (float(low), float(median), float(high))
 
 
-def _label(candidate: str, flags: str) -> str:
+def option_label(candidate: str, flags: str) -> str:
+    """An option's label: its candidate and flag set, ``"cfg2-uly4 (default)"``."""
     return f"{candidate} ({flags})"
 
 
@@ -605,11 +625,11 @@ def assess(result: PlanResult, ensemble: Ensemble = DEFAULT_ENSEMBLE) -> Assessm
         if key in seen or key not in programs:
             continue
         seen.add(key)
-        options.append(Option(_label(*key), "search" if key in searched_keys else "setup",
-                              ranked.predicted.total_s,
+        role = "search" if key in searched_keys else "setup"
+        options.append(Option(option_label(*key), role, ranked.predicted.total_s,
                               price(programs[key], topology, ranked.placement, ensemble,
                                     model=result.model)))
-    plan_label = _label(result.searched.candidate.name, result.searched.flags.label)
+    plan_label = option_label(result.searched.candidate.name, result.searched.flags.label)
     plan = next((o for o in options if o.label == plan_label), None)
     if plan is None:  # the searched plan is always ranked; keep a clear error if not
         raise AoizoraError(f"assess: the plan {plan_label!r} is not in the ranking.")
@@ -619,8 +639,8 @@ def assess(result: PlanResult, ensemble: Ensemble = DEFAULT_ENSEMBLE) -> Assessm
             continue
         steps = price(system.program, topology, system.placement, ensemble,
                       model=result.model)
-        options.append(Option(f"{name}: {_label(system.candidate.name, system.flags.label)}",
-                              name, system.predicted.total_s, steps))
+        label = option_label(system.candidate.name, system.flags.label)
+        options.append(Option(f"{name}: {label}", name, system.predicted.total_s, steps))
         probability, speedup = odds(plan.steps, steps)
         found.append(Odds(name, probability, speedup, system.predicted.total_s / plan.point_s,
                           known=name not in result.headline.unchecked))

@@ -91,6 +91,9 @@ def test_plan_quality_compares_the_plan_with_every_existing_system(quality):
     if row["vs_best_system_p90"] < 1:
         assert row["p_plan_faster"] <= 0.1 + slack
     assert row["robust_choice"] and row["median_winner"] and row["least_regret_choice"]
+    # The robust choice has the lowest 90th percentile, so it never loses there to the plan.
+    assert row["robust_p90_change"] <= 1e-12
+    assert (row["robust_median_change"] == 0) == (row["robust_p90_change"] == 0)
     section = quality.markdown()
     assert "**The robust choice.**" in section and "p_plan_faster" in section
     assert set(quality.targets["met"]) <= {"met", "missed", "n/a"}

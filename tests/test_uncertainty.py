@@ -139,6 +139,15 @@ def test_the_robust_choice_is_named_where_it_is_not_the_median_winner():
     # A table's top rows keep the marks chosen over every option.
     top = steady[:1].to_frame()
     assert list(top["label"]) == ["wide"] and not top["robust"].any()
+    # The summary says what the robust choice trades against the plan, with the signs of the
+    # two quantiles' differences; a plan that is the robust choice has no such line.
+    [trade] = [line for line in steady.summary(TOPOLOGY) if "robust choice is not" in line]
+    median = np.median(narrow) / np.median(wide) - 1
+    high = np.quantile(narrow, 0.9) / np.quantile(wide, 0.9) - 1
+    assert f"{median:+.1%} at the median" in trade and f"{high:+.1%} at the 90th" in trade
+    assert median > 0 > high
+    robust_plan = Assessment(list(steady), plan="narrow")
+    assert not any("robust choice is not" in line for line in robust_plan.summary(TOPOLOGY))
 
 
 def test_the_same_program_twice_is_an_even_tie():
