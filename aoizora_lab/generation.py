@@ -168,8 +168,13 @@ class Generation:
         """DiT weight bytes per device in HBM through the whole video: every resident expert
         (:attr:`~aoizora_lab.workload.Workload.resident_experts`) stored as the step's plan
         shards it, in bfloat16 (module docstring)."""
-        return (self.step.candidate.weight_bytes_per_device(self.workload.config())
-                * self.workload.resident_experts)
+        return self._weight_bytes * self.workload.resident_experts
+
+    @property
+    def _weight_bytes(self) -> float:
+        """One expert's (or the single model's) stored weight bytes on one device under the
+        step's plan, in bfloat16."""
+        return self.step.candidate.weight_bytes_per_device(self.workload.config())
 
     def fits(self, part: PricedPart) -> bool | None:
         """Whether ``part``'s compiled peak fits in a device's usable HBM beside
@@ -194,12 +199,16 @@ class Generation:
     def run_of(self, part: PricedPart) -> tuple[float, Placement | None]:
         """Seconds and device order ``part`` runs with: the faster of its best library order
         and :attr:`dit_order` (NaN, ``None`` where it did not compile)."""
+        return self._run(part)[:2]
+
+    def _run(self, part: PricedPart) -> tuple[float, Placement | None, Predicted | None]:
+        """:meth:`run_of` with the part's price on the DiT plan's order (for its row)."""
         if not part.ok:
-            return math.nan, None
+            return math.nan, None, None
         on_dit = self.on_dit_order(part)
         if on_dit is not None and on_dit.total_s < part.seconds:
-            return on_dit.total_s, self.dit_order
-        return part.seconds, part.placement
+            return on_dit.total_s, self.dit_order, on_dit
+        return part.seconds, part.placement, on_dit
 
     def chosen(self, parts: PricedParts) -> PricedPart | None:
         """The split a part runs: the fastest (:meth:`run_of`) that compiled and :meth:`fits`
@@ -230,9 +239,7 @@ class Generation:
     def expert_bytes_per_device(self) -> float:
         """Stored weight bytes of one expert on one device under the step's plan (bfloat16, as
         the step runs); 0 for a single model, which has nothing to swap."""
-        if self.workload.experts == 1:
-            return 0.0
-        return self.step.candidate.weight_bytes_per_device(self.workload.config())
+        return 0.0 if self.workload.experts == 1 else self._weight_bytes
 
     @property
     def expert_swap_s(self) -> float:
@@ -272,8 +279,7 @@ class Generation:
             named.insert(1, ("VAE encode (image condition)", self.video_encode, "video_encode"))
         for name, parts, role in named:
             best = self.chosen(parts)
-            seconds, order = self.run_of(best) if best else (math.nan, None)
-            dit_order = self.on_dit_order(best) if best else None
+            seconds, order, dit_order = self._run(best) if best else (math.nan, None, None)
             baseline = self.maxdiffusion.get(role)
             rows.append({"part": name, "plan": best.part.name if best else "none compiled",
                          "order": order.description if order else "", "per_call_s": seconds,
