@@ -65,9 +65,12 @@ def reports(tmp_path_factory):
 
 def test_default_matrix_holds_the_documented_reports():
     specs = load_matrix(REPO / "data" / "reports.yaml")
+    small = {"case": "wan2.1-t2v-1.3b@832x480x81/v5e:2x4"}
     assert {spec.name: dict(spec.parameters) for spec in specs} == {
-        "wan-1.3b-480p-v5e-2x4": {"case": "wan2.1-t2v-1.3b@832x480x81/v5e:2x4"},
+        "wan-1.3b-480p-v5e-2x4": small, "wan-1.3b-480p-v5e-2x4-video": small,
         # The big ones are full searches; the main job's answers as `aoizora-lab plan` does.
+        "wan2.2-a14b-720p-v6e-2x4": {"case": "wan2.2-t2v-a14b@1280x720x81/v6e:2x4",
+                                     "time_limit": None},
         "wan-14b-720p-v5e-4x4": {"case": "wan2.1-t2v-14b@1280x720x81/v5e:4x4",
                                  "time_limit": None},
         "wan-14b-480p-v5e-2x4": {"case": "wan2.1-t2v-14b@832x480x81/v5e:2x4",
@@ -75,19 +78,27 @@ def test_default_matrix_holds_the_documented_reports():
         "wan-1.3b-480p-v5e-8x8": {"case": "wan2.1-t2v-1.3b@832x480x81/v5e:8x8",
                                   "time_limit": None},
     }
-    # The main job runs the small one; the rest need --all (README).
+    # The main job runs the small one's notebooks 1-5; the rest need --all or --only (README).
     assert [spec.name for spec in select_reports(specs, None)] == ["wan-1.3b-480p-v5e-2x4"]
     cases = {spec.name: parse_case(spec.parameters["case"]) for spec in specs}
     assert {name: (c.workload.model, c.workload.width, c.workload.height, c.workload.frames,
                    c.slice_name) for name, c in cases.items()} == {
         "wan-1.3b-480p-v5e-2x4": ("wan2.1-t2v-1.3b", 832, 480, 81, "v5e:2x4"),
+        "wan-1.3b-480p-v5e-2x4-video": ("wan2.1-t2v-1.3b", 832, 480, 81, "v5e:2x4"),
+        "wan2.2-a14b-720p-v6e-2x4": ("wan2.2-t2v-a14b", 1280, 720, 81, "v6e:2x4"),
         "wan-14b-720p-v5e-4x4": ("wan2.1-t2v-14b", 1280, 720, 81, "v5e:4x4"),
         "wan-14b-480p-v5e-2x4": ("wan2.1-t2v-14b", 832, 480, 81, "v5e:2x4"),
         "wan-1.3b-480p-v5e-8x8": ("wan2.1-t2v-1.3b", 832, 480, 81, "v5e:8x8"),
     }
     assert all(c.name == spec.parameters["case"] for c, spec in zip(cases.values(), specs,
                                                                      strict=True))
-    assert all(spec.notebooks == () for spec in specs)  # every numbered notebook
+    # The small case's two reports run every numbered notebook between them, each once, the
+    # whole video outside the main job; the others run every one.
+    numbered = sorted(p.stem for p in (REPO / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+    by_name = {spec.name: spec.notebooks for spec in specs}
+    main, video = by_name.pop("wan-1.3b-480p-v5e-2x4"), by_name.pop("wan-1.3b-480p-v5e-2x4-video")
+    assert sorted(main + video) == numbered and video == ("06_generation",)
+    assert all(notebooks == () for notebooks in by_name.values())
 
 
 @pytest.mark.parametrize(("text", "expected"), [
