@@ -569,10 +569,12 @@ class Assessment(Records[Option]):
         under the plan's model (every default has its source), and the robust choice bounds
         the slow end; both are shown, neither replaces the other."""
         median, high = self.tradeoff()
+        why = ("faster at the median too: the ensemble, drawn around defaults that sit at an "
+               "end of some ranges, orders the two unlike the plan's model" if median <= 0
+               else "run the robust one to bound the slow end")
         return (f"the robust choice is not the plan: {self.robust} is {median:+.1%} at the "
                 f"median and {high:+.1%} at the 90th percentile against the plan (the plan "
-                "is the fastest under the plan's model; run the robust one to bound the slow "
-                "end)")
+                f"is the fastest under the plan's model; {why})")
 
     def _opponent(self, against: str | None) -> Option:
         if against is not None:
