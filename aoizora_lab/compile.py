@@ -16,7 +16,11 @@ the code the compile runs (:func:`~aoizora_lab.versions.code_versions` of the co
 worker), the model config, the workload, the candidate, the slice and the layer count. An entry is
 written to a temporary folder and renamed into place, so a reader never sees half of one; its
 HLO text carries a checksum that is checked on every read. ``ok`` and ``oom`` results are
-cached (the compiler is deterministic); crashes, timeouts and errors are retried next time.
+cached (the compiler is deterministic), and so is the compiler's refusal of a job
+(:func:`kept`: an error with a status code of :data:`REFUSED_CODES`, e.g. v5e's "Async
+all-to-all not supported on limited ICI" under MaxDiffusion's flags, which a warm plan would
+otherwise compile again each time); crashes, timeouts and other errors (a host out of memory,
+a full disk) may be the machine's and are retried next time.
 Behind that key, an index of *programs* (``compile/programs/``) names each entry by what the
 compiler was given (the lowered program's text, flags, slice, libraries:
 :func:`~aoizora_lab.compile_worker.program_key`): after an edit of the package, a job whose
@@ -45,6 +49,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -101,7 +106,22 @@ class CompileStatus(enum.StrEnum):
 
 
 CACHED_STATUSES = (CompileStatus.OK, CompileStatus.OOM)
-"""Deterministic outcomes, kept in the cache; the others are retried next time."""
+"""Deterministic outcomes, kept in the cache; the others are retried next time unless
+:func:`kept` finds the compiler's refusal."""
+REFUSED_CODES = ("UNIMPLEMENTED", "INVALID_ARGUMENT", "FAILED_PRECONDITION")
+"""Status codes of a compiler error that the same job (program, flags, slice, jax and libtpu:
+all in its key) always gets back: "Async all-to-all not supported on limited ICI" is
+UNIMPLEMENTED, an unknown flag INVALID_ARGUMENT. ``INTERNAL`` and the rest are retried."""
+_REFUSAL = re.compile(rf"(?:Jax|Xla)RuntimeError: (?:{'|'.join(REFUSED_CODES)}):")
+
+
+def kept(result: dict[str, Any]) -> bool:
+    """Whether a compile's result is deterministic, so kept in the cache: ``ok``, ``oom``, or
+    an ``error`` whose message is the compiler's refusal (it starts with an XLA error of a
+    :data:`REFUSED_CODES` code; a message cut at its start is retried, never kept)."""
+    status = result.get("status")
+    return status in CACHED_STATUSES or (
+        status == CompileStatus.ERROR and bool(_REFUSAL.match(str(result.get("message", "")))))
 
 
 @dataclass(frozen=True)
@@ -667,7 +687,7 @@ def _run_job(job: dict[str, Any], cache_dir: str, timeout_s: float) -> dict[str,
                     return stored | {"cached": True}
             result = _in_child(job, Path(work), timeout_s, None)
         result["child_seconds"] = time.monotonic() - started
-        if result["status"] not in CACHED_STATUSES:
+        if not kept(result):
             return result
         for _ in range(2):  # a second try after read_entry cleared a half-removed entry
             write_entry(entry, result, Path(work) / "hlo.txt")
@@ -780,7 +800,7 @@ def read_entry(entry: Path) -> dict[str, Any] | None:
         return None
     try:
         meta = json.loads(meta_file.read_text())
-        if not isinstance(meta, dict) or meta.get("status") not in CACHED_STATUSES:
+        if not isinstance(meta, dict) or not kept(meta):
             raise ValueError(f"not a cached result: {str(meta)[:80]!r}")
         if meta["status"] == "ok" and not isinstance(meta.get("hlo_sha256"), str):
             raise ValueError("an ok result without its HLO checksum")

@@ -6,7 +6,13 @@ import pytest
 
 import aoizora_lab as az
 from aoizora_lab.candidates import Candidate
-from aoizora_lab.compile import compile_candidates, compile_workers, merge_cache, read_entry
+from aoizora_lab.compile import (
+    compile_candidates,
+    compile_workers,
+    kept,
+    merge_cache,
+    read_entry,
+)
 
 TINY = az.WanConfig(dim=64, ffn_dim=128, num_heads=8, num_layers=4, text_dim=32, text_len=8,
                     freq_dim=32)
@@ -153,6 +159,41 @@ def test_simulated_slices_and_bad_depths_are_refused(tmp_path):
     host = az.Topology.simulated((2, 4), devices=jax.devices()[:8])
     with pytest.raises(az.AoizoraError, match="num_layers=9"):
         compile_candidates(_candidates(), WORKLOAD, host, cache_dir=tmp_path, num_layers=9)
+
+
+@pytest.mark.parametrize(("result", "keep"), [
+    ({"status": "ok"}, True),
+    ({"status": "oom", "message": "XlaRuntimeError: RESOURCE_EXHAUSTED: ..."}, True),
+    ({"status": "error", "message": "JaxRuntimeError: UNIMPLEMENTED: Async all-to-all not "
+                                    "supported on limited ICI"}, True),
+    ({"status": "error", "message": "JaxRuntimeError: INVALID_ARGUMENT: No such compile "
+                                    "option: 'xla_tpu_bogus_flag'"}, True),
+    # The machine's, or not sure: retried.
+    ({"status": "error", "message": "JaxRuntimeError: INTERNAL: RET_CHECK failure"}, False),
+    ({"status": "error", "message": "MemoryError: "}, False),
+    ({"status": "error", "message": "OSError: [Errno 28] No space left on device"}, False),
+    ({"status": "error", "message": "...orted on limited ICI (UNIMPLEMENTED: cut at the start)"},
+     False),
+    ({"status": "crash", "message": "JaxRuntimeError: UNIMPLEMENTED: after a SIGABRT"}, False),
+    ({"status": "timeout", "message": "no result after 600 s"}, False),
+])
+def test_the_cache_keeps_deterministic_verdicts_only(result, keep):
+    assert kept(result) is keep
+
+
+@pytest.mark.slow
+def test_the_compilers_refusal_is_cached_so_a_warm_plan_does_not_compile_it_again(tmp_path):
+    # v5e's ICI refuses asynchronous all-to-alls over a 4x8 slice's long lines (as it refuses
+    # MaxDiffusion's Ulysses flags on the Wan cases): the same answer every time.
+    topology = az.Topology.from_name("v5e:4x8", deviceless=True)
+    candidate = Candidate.from_name("uly8-ctx4", attention="blockwise")
+    flags = "--xla_tpu_enable_async_all_to_all=true"
+    [first] = compile_candidates([candidate], WORKLOAD, topology, cache_dir=tmp_path,
+                                 flags=flags)
+    assert first.status == "error" and "UNIMPLEMENTED" in first.message and not first.cached
+    [again] = compile_candidates([candidate], WORKLOAD, topology, cache_dir=tmp_path,
+                                 flags=flags)
+    assert again.cached and (again.status, again.message) == (first.status, first.message)
 
 
 @pytest.mark.slow
