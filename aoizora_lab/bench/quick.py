@@ -122,10 +122,11 @@ class QuickPlans:
             "first survivor and its others among the survivors by estimate, and none starts "
             "that would end after the limit, each program placed as it comes back. "
             "`compiled` / `unstarted`: survivors' and systems' compiles started and left out "
-            "by the limit; `vs_best_system`: the headline (best system / plan), against "
-            "systems priced on the setups compiled in time (`systems_partial`: those with "
-            "setups left out, whose best may be among them, so the ratio may flatter the "
-            "plan); `cold_s`: the whole plan's wall time, IR traces included; `warm_s`: "
+            "by the limit; `vs_best_system`: the headline (best system / plan), or – where "
+            "a system's setups that could beat the plan were left out, so who is faster is "
+            "not known within the limit and the plan claims nothing (`systems_partial`: the "
+            "systems with setups left out); `cold_s`: the whole plan's wall time, IR traces "
+            "included; `warm_s`: "
             "the same plan again on the caches it filled (what it read back is charged what "
             "it cost, so it stops where it stopped cold).",
             markdown_table(self.timed),
