@@ -54,8 +54,12 @@ in its compiled peak, taken as in HBM only while it runs; loading them is not pr
 MaxDiffusion's VAE programs (:func:`maxdiffusion_vae_parts`: the latent's width over every
 device, a latent frame at a time, float32) are compiled beside the splits as the VAE's
 baseline (``maxdiffusion_s``); the text encoder has none on the TPU (MaxDiffusion encodes the
-prompts on the host CPU, in PyTorch). The baseline is compared with, never chosen: the plan is
-the same with and without it (``plan_generation(..., maxdiffusion=False)``).
+prompts on the host CPU, in PyTorch). The baseline is also a choice, as the DiT plan adopts an
+existing system's setup that beats its own candidates: a program people run, of the same
+family as the splits (a split of the width, streamed), which the splits' heuristic (the
+squarest tiles, two chunk sizes) may leave out. Where it is the fastest that fits, the part
+runs it and its row's plan says so; without it (``plan_generation(..., maxdiffusion=False)``)
+a part is never faster.
 
 Worked example: Wan 2.1 14B at 720p on ``v6e:2x4`` with 50 steps is the DiT plan's step x 50,
 plus the encoder's best split (the two prompts on two groups of devices, heads over up to
@@ -148,14 +152,17 @@ class Generation:
     encode: PricedParts
     """The encoder splits tried; :meth:`chosen` of them runs."""
     decode: PricedParts
-    """The decoder splits tried; :meth:`chosen` of them runs."""
+    """The decoder splits tried, with MaxDiffusion's decode where asked for (:attr:`maxdiffusion`);
+    :meth:`chosen` of them runs."""
     video_encode: PricedParts = dataclasses.field(default_factory=PricedParts)
     """Image-to-video: the VAE encoder splits tried on the condition (the video, or TI2V-5B's
-    image; :meth:`chosen` of them runs); empty otherwise."""
+    image), with MaxDiffusion's encode where it has one; :meth:`chosen` of them runs; empty
+    otherwise."""
     maxdiffusion: Mapping[str, PricedPart] = dataclasses.field(default_factory=dict)
     """MaxDiffusion's VAE programs on this slice (:func:`maxdiffusion_vae_parts`, by role:
-    ``decode``, ``video_encode``), priced as parts: the VAE plan's baseline, never chosen;
-    empty where not asked for or not rebuilt."""
+    ``decode``, ``video_encode``), priced as parts: the VAE plan's baseline, also among its
+    role's choices (:attr:`decode`, :attr:`video_encode`); empty where not asked for or not
+    rebuilt."""
     options: ModelOptions | None = None
     """The model the parts were priced under (:func:`~aoizora_lab.parts.price_part`'s), which
     also prices them on the DiT plan's order."""
@@ -281,7 +288,9 @@ class Generation:
             best = self.chosen(parts)
             seconds, order, dit_order = self._run(best) if best else (math.nan, None, None)
             baseline = self.maxdiffusion.get(role)
-            rows.append({"part": name, "plan": best.part.name if best else "none compiled",
+            plan = ("none compiled" if best is None else f"{best.part.name} (MaxDiffusion's)"
+                    if baseline is not None and best.part == baseline.part else best.part.name)
+            rows.append({"part": name, "plan": plan,
                          "order": order.description if order else "", "per_call_s": seconds,
                          "calls": 1,
                          "hbm_with_dit_gib": ((best.hbm_bytes + self.resident_bytes) / 2**30
@@ -325,8 +334,8 @@ def plan_generation(step: Plan, steps: int | None = None, *, maxdiffusion: bool 
     :func:`~aoizora_lab.parts.price_part`: ``cache_dir``, ``timeout_s``, ``options``).
     ``steps``: the preset's official ``sample_steps`` unless given; an A14B video's experts
     split them as the official schedule at that many steps does. ``maxdiffusion``: compile
-    MaxDiffusion's VAE programs beside the splits as the baseline (one more compile per VAE
-    part, minutes on 2 cores)."""
+    MaxDiffusion's VAE programs beside the splits, as the baseline and one more choice (one
+    more compile per VAE part, minutes on 2 cores)."""
     workload, topology = step.workload, step.topology
     # The official sampler sets the default steps and, for A14B, where the experts switch.
     sampling = (official_sampling(workload) if steps is None or workload.experts > 1
@@ -343,15 +352,13 @@ def plan_generation(step: Plan, steps: int | None = None, *, maxdiffusion: bool 
     priced: dict[str, PricedPart] = {}
 
     def vae(splits: list[VaePart], role: str) -> PricedParts:
-        # MaxDiffusion's program compiles beside the splits (it may be one of them), and is
-        # kept apart: a baseline, never one of the choices.
+        # MaxDiffusion's program compiles beside the splits (it may be one of them): one more
+        # choice, also kept by name as the baseline.
         baseline = baselines.get(role)
         extra = [baseline] if baseline is not None and baseline not in splits else []
         every = plan_part([*splits, *extra], topology, **kwargs)
-        for p in every:
-            if p.part == baseline:
-                priced[role] = p
-        return PricedParts([p for p in every if p.part in splits])
+        priced.update((role, p) for p in every if p.part == baseline)
+        return every
 
     decode = vae(vae_splits(latent, n, vae=vae_for(latent)), "decode")
     model = workload.config()

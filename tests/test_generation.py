@@ -230,9 +230,11 @@ def test_a_part_runs_its_fastest_split_that_fits_beside_the_dits_weights():
     assert blind.to_frame().set_index("part").loc["VAE decode", "fits"] is pd.NA
 
 
-def test_maxdiffusions_vae_compiles_beside_the_splits_as_a_baseline_never_chosen(monkeypatch):
-    # MaxDiffusion's decode is priced fastest here: still only compared with.
-    fake, asked = fake_plan_part([0.3, 0.2, 0.25, 0.4, 0.1])
+@pytest.mark.parametrize("theirs_s", [0.1, 0.5])
+def test_maxdiffusions_vae_compiles_beside_the_splits_and_runs_where_it_is_fastest(
+        monkeypatch, theirs_s):
+    # Each call prices its parts in turn: the decoder's four splits, then MaxDiffusion's.
+    fake, asked = fake_plan_part([0.3, 0.2, 0.25, 0.4, theirs_s])
     monkeypatch.setattr(generation, "plan_part", fake)
     video = plan_generation(_step(2.0), steps=40)
     decodes = asked[1]
@@ -241,15 +243,19 @@ def test_maxdiffusions_vae_compiles_beside_the_splits_as_a_baseline_never_chosen
     assert decodes.count(maxdiffusion) == 1 and decodes[:-1] == generation.vae_splits(
         maxdiffusion.latent, 8)
     assert video.maxdiffusion["decode"].part == maxdiffusion
-    assert maxdiffusion not in [p.part for p in video.decode]
+    assert video.maxdiffusion["decode"] in list(video.decode)  # one of the choices
+    ours = min(p.seconds for p in video.decode if p.part != maxdiffusion)
+    assert video.decode_s == min(ours, theirs_s)
     row = video.to_frame().set_index("part")
-    assert row.loc["VAE decode", "maxdiffusion_s"] == video.maxdiffusion["decode"].seconds
+    assert row.loc["VAE decode", "maxdiffusion_s"] == theirs_s
+    assert row.loc["VAE decode", "plan"].endswith("(MaxDiffusion's)") == (theirs_s < ours)
     assert math.isnan(row.loc["text encoder", "maxdiffusion_s"])  # MaxDiffusion's is on the host
-    # Asked not to, nothing more compiles, and the plan is the same.
+    # Asked not to, nothing more compiles, and no part is faster for it.
     asked.clear()
     bare = plan_generation(_step(2.0), steps=40, maxdiffusion=False)
     assert maxdiffusion not in asked[1] and dict(bare.maxdiffusion) == {}
-    assert bare.decode_s == video.decode_s and bare.total_s == video.total_s
+    assert bare.decode_s == ours >= video.decode_s and bare.total_s >= video.total_s
+    assert "(MaxDiffusion's)" not in bare.to_frame().set_index("part").loc["VAE decode", "plan"]
     with pytest.raises(TypeError):  # a frozen value
         video.maxdiffusion["decode"] = None
 
