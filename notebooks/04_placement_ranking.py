@@ -179,6 +179,44 @@ display(sure.drivers(slice_).round(3))
 display(Markdown("\n".join(f"- {line}" for line in sure.summary(slice_))))
 
 # %% [markdown]
+# ### The order choice, collective by collective
+#
+# The placement was searched under one order model (the plan's: `compiler` unless
+# `--order-model` said otherwise), and a placement's gain can rest on it. Under `compiler`
+# an all-gather maps any device order onto the emitter's own ring, so a scrambled group order
+# costs nothing; under `logical` it runs along the group's order, and a group whose order
+# jumps across the slice pays every long hop. Below: the winning program on its placement and
+# on plain device order, priced under each alternative of the order choice, and the
+# collectives whose time moves most between them. A placement that gains little over plain
+# order under one model and loses much under the other is the risk the robust choice above
+# prices.
+
+# %%
+import dataclasses
+
+import pandas as pd
+
+from aoizora_lab.cost import breakdown, predict
+from aoizora_lab.uncertainty import CHOICES
+
+orders = list(next(c for c in CHOICES if c.name == "order").values)
+models = {o: dataclasses.replace(inputs.options.model, order=o) for o in orders}
+where = {"winning placement": best.placement, "plain order": plain_order(slice_)}
+display(pd.DataFrame(
+    [{"placement": name, "order_model": o,
+      "step_s": predict(best.program, slice_, placement, options=m).total_s}
+     for name, placement in where.items() for o, m in models.items()]
+).pivot(index="placement", columns="order_model", values="step_s").round(4))
+frames = {o: breakdown(best.program, slice_, best.placement, options=m).set_index("collective")
+          for o, m in models.items()}
+moved = pd.DataFrame({"kind": frames[orders[0]]["kind"],
+                      **{o: frame["seconds"] for o, frame in frames.items()}})
+moved["moved_s"] = moved[orders].max(axis=1) - moved[orders].min(axis=1)
+moved = moved[moved["moved_s"] > 0].sort_values("moved_s", ascending=False)
+display(moved.head(5).round(5) if len(moved) else Markdown(
+    "The order choice moves no collective of the winning program on its placement."))
+
+# %% [markdown]
 # ## Where the winner's bytes go
 #
 # Every directed link of the slice, coloured by the bytes the winning plan sends over it per
