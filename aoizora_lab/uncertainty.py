@@ -20,6 +20,14 @@ default model, priced again per draw. :func:`assess` turns a plan into intervals
 candidate's median and 80 % interval, against each system the probability that the plan is
 faster and the interval of the speedup, and a robust choice beside the median winner.
 
+A placement can win under one modelling choice and lose under another: under the
+``"compiler"`` order model an all-gather maps any device order onto its emitter's own ring,
+under ``"logical"`` it runs along its group's order, so a placement that scrambles a
+32-device gather's group costs nothing under the first and pays every long hop under the
+second. So the plan's own program in the libraries' device orders (plain, ``jax.make_mesh``,
+``create_device_mesh``: :func:`~aoizora_lab.placement.library_orders`) are options too: the
+same sharding, and a robust choice where the search's placement is the risk.
+
 Worked example: a plan whose step is 1.00 s and a system at 1.05 s under the default model.
 If in 240 of 256 draws the plan is faster, ``P(plan faster) = 0.94``; if the speedup's 10th
 and 90th percentiles are 0.99x and 1.08x, the 80 % interval straddles 1: the model's own
@@ -52,9 +60,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from aoizora_lab.comm_model import ModelOptions
-from aoizora_lab.cost import COMPUTE_MODELS, Constants, predict_draws
+from aoizora_lab.cost import COMPUTE_MODELS, Constants, predict, predict_draws
 from aoizora_lab.errors import AoizoraError
 from aoizora_lab.hardware import ChipSpec, chip_spec, device_spec, load_calibration
+from aoizora_lab.placement import library_orders
 from aoizora_lab.records import Records
 from aoizora_lab.topology import Topology
 
@@ -366,6 +375,8 @@ def price(program: Any, topology: Topology, placement: Any,
 # ----------------------------------------------------------------------------- assessment
 
 QUANTILES = (0.1, 0.5, 0.9)
+OUR_ROLES = ("search", "setup", "order")
+"""The :attr:`Option.role` values of options the plan could run (:attr:`Option.ours`)."""
 """The 80 % interval and the median."""
 
 
@@ -374,14 +385,22 @@ class Option:
     """One program on one placement, priced under every draw."""
 
     label: str
-    """``candidate (flags)``, and for a system's own setup ``system: candidate (flags)``."""
+    """``candidate (flags)``; for the plan's program in a library's order ``candidate (flags)
+    on <order>``; for a system's own setup ``system: candidate (flags)``."""
     role: str
     """``"search"`` (a survivor's program placed by the search), ``"setup"`` (a system's
-    setup placed by the search) or the system's name (its setup in its own order)."""
+    setup placed by the search), ``"order"`` (the plan's program in a library's device
+    order) or the system's name (its setup in its own order)."""
     point_s: float
     """The step under the plan's model (``PlanResult.model``; what the plan prints)."""
     steps: np.ndarray = field(repr=False)
     """The step under each draw ``[count]``."""
+
+    @property
+    def ours(self) -> bool:
+        """Whether the plan could run it: a program the search placed, or the plan's program
+        in a library's order (not a system's setup in the system's own order)."""
+        return self.role in OUR_ROLES
 
     @property
     def low_s(self) -> float:
@@ -432,25 +451,25 @@ class Assessment(Records[Option]):
         self.ensemble = ensemble
         # Chosen over every option once: a slice of the rows (a table's top) keeps the marks.
         self._regrets = self._worst_regrets()
-        searched = self._searched()
-        self.median_winner = min(searched, key=lambda o: o.median_s).label if searched else ""
-        """The option placed by the search with the lowest median step."""
-        self.robust = min(searched, key=lambda o: o.high_s).label if searched else ""
-        """The option placed by the search with the lowest 90th-percentile step."""
+        ours = self._ours()
+        self.median_winner = min(ours, key=lambda o: o.median_s).label if ours else ""
+        """The option of ours (:attr:`Option.ours`) with the lowest median step."""
+        self.robust = min(ours, key=lambda o: o.high_s).label if ours else ""
+        """The option of ours with the lowest 90th-percentile step."""
         self.least_regret = (min(self._regrets, key=self._regrets.__getitem__)
                              if self._regrets else "")
-        """The option placed by the search whose worst regret over the draws is least."""
+        """The option of ours whose worst regret over the draws is least."""
 
-    def _searched(self) -> list[Option]:
-        return [o for o in self if o.role in ("search", "setup")]
+    def _ours(self) -> list[Option]:
+        return [o for o in self if o.ours]
 
     def regrets(self) -> dict[str, float]:
-        """Per option placed by the search: its largest regret over the draws (its step less
-        the fastest such option's step in the same draw)."""
+        """Per option of ours: its largest regret over the draws (its step less the fastest
+        such option's step in the same draw)."""
         return dict(self._regrets)
 
     def _worst_regrets(self) -> dict[str, float]:
-        options = self._searched()
+        options = self._ours()
         if not options:
             return {}
         steps = np.stack([o.steps for o in options])
@@ -579,7 +598,7 @@ class Assessment(Records[Option]):
     def _opponent(self, against: str | None) -> Option:
         if against is not None:
             return self.option(against)
-        systems = [o for o in self if o.role not in ("search", "setup")]
+        systems = [o for o in self if not o.ours]
         if systems:
             return min(systems, key=lambda o: o.point_s)
         others = [o for o in self if o.label != self.plan]
@@ -614,9 +633,10 @@ def option_label(candidate: str, flags: str) -> str:
 
 def assess(result: PlanResult, ensemble: Ensemble = DEFAULT_ENSEMBLE) -> Assessment:
     """A plan's answer with intervals: every compiled program on its best placement (under
-    the plan's model, ``result.model``), and every system on its own, priced under
-    ``ensemble`` around that model; the odds of the search's own best (``result.searched``,
-    the headline's plan) against each system."""
+    the plan's model, ``result.model``), the search's own best program in the libraries'
+    device orders (module docstring), and every system on its own, priced under ``ensemble``
+    around that model; the odds of the search's own best (``result.searched``, the
+    headline's plan) against each system."""
     options: list[Option] = []
     searched_keys = {r.key for r in result.compiled.ok}
     seen: set[tuple[str, str]] = set()
@@ -635,6 +655,18 @@ def assess(result: PlanResult, ensemble: Ensemble = DEFAULT_ENSEMBLE) -> Assessm
     plan = next((o for o in options if o.label == plan_label), None)
     if plan is None:  # the searched plan is always ranked; keep a clear error if not
         raise AoizoraError(f"assess: the plan {plan_label!r} is not in the ranking.")
+    searched = result.searched
+    program = programs[searched.candidate.name, searched.flags.label]
+    placed = {tuple(searched.placement.order)}
+    for order in library_orders(searched.candidate.mesh_shape, searched.candidate.axis_names,
+                                topology):
+        if tuple(order.order) in placed:  # a library may agree with the search or another
+            continue
+        placed.add(tuple(order.order))
+        options.append(Option(
+            f"{plan_label} on {order.description}", "order",
+            predict(program, topology, order, options=result.model).total_s,
+            price(program, topology, order, ensemble, model=result.model)))
     found = []
     for name, system in result.baselines.plans.items():
         if system.program is None:

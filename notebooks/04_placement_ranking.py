@@ -189,7 +189,7 @@ display(Markdown("\n".join(f"- {line}" for line in sure.summary(slice_))))
 # on plain device order, priced under each alternative of the order choice, and the
 # collectives whose time moves most between them. A placement that gains little over plain
 # order under one model and loses much under the other is the risk the robust choice above
-# prices.
+# prices: the plan's program in each library order is one of its options (role `order`).
 
 # %%
 import dataclasses

@@ -143,6 +143,7 @@ def test_the_plan_is_never_predicted_slower_than_a_baseline(planned):
 def test_the_plan_is_assessed_under_an_ensemble_and_printed_with_its_odds(planned, capsys,
                                                                          monkeypatch):
     from aoizora_lab import cli, planner
+    from aoizora_lab.placement import library_orders
     from aoizora_lab.uncertainty import Ensemble, assess, price
     from aoizora_lab.uncertainty import odds as both
 
@@ -156,6 +157,19 @@ def test_the_plan_is_assessed_under_an_ensemble_and_printed_with_its_odds(planne
                                              planned.searched.placement, ensemble))
     assert mine.point_s == pytest.approx(planned.searched.predicted.total_s)
     assert {o.system for o in assessment.odds} == set(planned.baselines.plans)
+    # The plan's program in each library order that differs from its placement, as ours.
+    searched = planned.searched
+    libraries = {o.order: o for o in library_orders(searched.candidate.mesh_shape,
+                                                    searched.candidate.axis_names,
+                                                    searched.topology)}
+    libraries.pop(searched.placement.order, None)
+    in_orders = [o for o in assessment if o.role == "order"]
+    assert len(in_orders) == len(libraries) > 0 and all(o.ours for o in in_orders)
+    for option in in_orders:
+        [order] = [p for p in libraries.values() if option.label == f"{plan_label} on "
+                   f"{p.description}"]
+        assert option.steps == pytest.approx(price(searched.program, searched.topology, order,
+                                                   ensemble))
     for odds in assessment.odds:
         system = next(o for o in assessment if o.role == odds.system)
         # Each system's odds are the plan's draws against that system's own, draw by draw.

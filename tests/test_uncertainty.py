@@ -156,6 +156,36 @@ def test_the_robust_choice_is_named_where_it_is_not_the_median_winner():
     assert behind.tradeoff()[0] < 0 and "faster at the median too" in line
 
 
+def test_a_placement_that_wins_under_one_order_model_is_not_the_robust_choice():
+    # One all-gather over the 16 chips: under "compiler" its emitter maps any group order
+    # onto its own ring, under "logical" it runs along the order, so a scrambled order pays
+    # long hops in half the draws. The plan's program in plain order is ours to run.
+    from aoizora_lab.hlo import CommProgram
+    from aoizora_lab.placement import Placement, plain_order
+
+    program = CommProgram((az.Collective("all-gather", [list(range(16))], bytes=6e7),), 16)
+    scrambled = Placement(tuple(np.random.default_rng(5).permutation(16)), "scrambled")
+    compiler, logical = (ModelOptions(order=o) for o in ("compiler", "logical"))
+    assert predict(program, TOPOLOGY, scrambled, options=compiler).total_s == pytest.approx(
+        predict(program, TOPOLOGY, plain_order(TOPOLOGY), options=compiler).total_s)
+    assert predict(program, TOPOLOGY, scrambled, options=logical).total_s > 1.5 * predict(
+        program, TOPOLOGY, plain_order(TOPOLOGY), options=logical).total_s
+    ensemble = Ensemble(count=64, seed=1)
+    plan = Option("plan (default)", "search", 1.0, price(program, TOPOLOGY, scrambled, ensemble))
+    plain = Option("plan (default) on plain device order", "order", 1.0,
+                   price(program, TOPOLOGY, plain_order(TOPOLOGY), ensemble))
+    # A system faster still in every draw is compared with, never one of our choices.
+    system = Option("maxdiffusion-best: x (default)", "maxdiffusion-best", 0.5,
+                    plain.steps * 0.5)
+    sure = Assessment([plan, plain, system], plan=plan.label, ensemble=ensemble)
+    assert plain.ours and plan.ours and not system.ours
+    assert plain.high_s < plan.high_s
+    assert sure.robust == sure.least_regret == plain.label
+    assert set(sure.regrets()) == {plan.label, plain.label}
+    [trade] = [line for line in sure.summary(TOPOLOGY) if "robust choice is not" in line]
+    assert plain.label in trade
+
+
 def test_the_same_program_twice_is_an_even_tie():
     steps = price(_program(), TOPOLOGY, None, Ensemble(count=16))
     probability, speedup = odds(steps, steps.copy())

@@ -185,12 +185,12 @@ def step_bands(assessment: Assessment, *, top: int = 12, title: str | None = Non
     fastest medians are shown, and every system's own setup."""
     if not len(assessment):
         raise AoizoraError("step_bands got an empty assessment; assess a plan first.")
-    shown = [o for i, o in enumerate(assessment) if i < top or o.role not in ("search", "setup")]
+    shown = [o for i, o in enumerate(assessment) if i < top or not o.ours]
     factor, unit = time_scale(max(float(o.steps.max()) for o in shown))
     traces = []
     for option in reversed(shown):  # fastest at the top
         colour = ("#d62728" if option.label == assessment.plan else
-                  "#7f7f7f" if option.role not in ("search", "setup") else "#1f77b4")
+                  "#7f7f7f" if not option.ours else "#1f77b4")
         traces.append(go.Violin(
             x=(option.steps * factor).tolist(), y=[option.label] * len(option.steps),
             orientation="h", name=option.label, line_color=colour, showlegend=False,
