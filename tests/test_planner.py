@@ -142,8 +142,10 @@ def test_the_plan_is_never_predicted_slower_than_a_baseline(planned):
 @pytest.mark.slow  # the planned fixture compiles in child processes
 def test_the_plan_is_assessed_under_an_ensemble_and_printed_with_its_odds(planned, capsys,
                                                                          monkeypatch):
+    import dataclasses
+
     from aoizora_lab import cli, planner
-    from aoizora_lab.placement import library_orders
+    from aoizora_lab.placement import Placement, library_orders
     from aoizora_lab.uncertainty import Ensemble, assess, price
     from aoizora_lab.uncertainty import odds as both
 
@@ -157,19 +159,28 @@ def test_the_plan_is_assessed_under_an_ensemble_and_printed_with_its_odds(planne
                                              planned.searched.placement, ensemble))
     assert mine.point_s == pytest.approx(planned.searched.predicted.total_s)
     assert {o.system for o in assessment.odds} == set(planned.baselines.plans)
-    # The plan's program in each library order that differs from its placement, as ours.
-    searched = planned.searched
-    libraries = {o.order: o for o in library_orders(searched.candidate.mesh_shape,
+    # The plan's program in each library order that differs from its placement, as ours:
+    # none where every library order is the plan's; one where the plan sits elsewhere.
+    def library(searched):
+        found = {o.order: o for o in library_orders(searched.candidate.mesh_shape,
                                                     searched.candidate.axis_names,
                                                     searched.topology)}
-    libraries.pop(searched.placement.order, None)
-    in_orders = [o for o in assessment if o.role == "order"]
-    assert len(in_orders) == len(libraries) > 0 and all(o.ours for o in in_orders)
-    for option in in_orders:
-        [order] = [p for p in libraries.values() if option.label == f"{plan_label} on "
-                   f"{p.description}"]
-        assert option.steps == pytest.approx(price(searched.program, searched.topology, order,
-                                                   ensemble))
+        found.pop(searched.placement.order, None)
+        return found
+
+    for result in (planned, dataclasses.replace(planned, searched=dataclasses.replace(
+            planned.searched, placement=Placement(tuple(reversed(range(8))), "reversed")))):
+        sure = assess(result, ensemble) if result is not planned else assessment
+        libraries = library(result.searched)
+        in_orders = [o for o in sure if o.role == "order"]
+        assert len(in_orders) == len(libraries) and all(o.ours for o in in_orders)
+        for option in in_orders:
+            [order] = [p for p in libraries.values() if option.label == f"{plan_label} on "
+                       f"{p.description}"]
+            assert option.steps == pytest.approx(price(result.searched.program,
+                                                       result.searched.topology, order,
+                                                       ensemble))
+    assert in_orders  # the moved plan has plain order beside it
     for odds in assessment.odds:
         system = next(o for o in assessment if o.role == odds.system)
         # Each system's odds are the plan's draws against that system's own, draw by draw.
