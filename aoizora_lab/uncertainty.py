@@ -375,9 +375,9 @@ def price(program: Any, topology: Topology, placement: Any,
 # ----------------------------------------------------------------------------- assessment
 
 QUANTILES = (0.1, 0.5, 0.9)
+"""The 80 % interval and the median."""
 OUR_ROLES = ("search", "setup", "order")
 """The :attr:`Option.role` values of options the plan could run (:attr:`Option.ours`)."""
-"""The 80 % interval and the median."""
 
 
 @dataclass(frozen=True, eq=False)
