@@ -76,7 +76,8 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=2, help="depth of both sides")
     parser.add_argument("--workers", type=int, default=2, help="compiles at a time")
     parser.add_argument("--cache-dir", default=None,
-                        help="compile cache, IR cache in its ir/ folder (default: the repo's)")
+                        help="compile cache, IR cache in its ir/ folder (default: compile/ "
+                             "under $AOIZORA_LAB_CACHE_DIR, else the user's cache folder)")
     args = parser.parse_args()
     for case in args.cases:
         table = compare(case, layers=args.layers, workers=args.workers,

@@ -41,7 +41,9 @@ def main() -> None:
                         help="a case spec and the candidate to compile for it, e.g. "
                              "wan2.1-t2v-14b@1280x720x81/v5e:4x4 cfg2-uly8-fsdp; repeat for "
                              "more (default: aoizora_lab.bench.THROUGHPUT_CASES)")
-    parser.add_argument("--cache-dir", default=None, help="compile cache (default: the repo's)")
+    parser.add_argument("--cache-dir", default=None,
+                        help="compile cache (default: compile/ under "
+                             "$AOIZORA_LAB_CACHE_DIR, else the user's cache folder)")
     args = parser.parse_args()
     try:
         cases = [(parse_case(spec), name) for spec, name in args.case or []]

@@ -30,13 +30,16 @@ def run(cases: Iterable[Case | str] = DEFAULT_MATRIX, *, num_layers: int | None 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_cases_option(parser, DEFAULT_MATRIX, "the 16 cases of aoizora_lab.bench.DEFAULT_MATRIX, "
-                                             "8 to 256 chips on v5e, v6e and v5p")
+    add_cases_option(parser, DEFAULT_MATRIX,
+                     f"the {len(DEFAULT_MATRIX)} cases of aoizora_lab.bench.DEFAULT_MATRIX, "
+                     "8 to 256 chips on v5e, v6e, v5p and TPU7x")
     parser.add_argument("--num-layers", type=int, default=None,
                         help="compile this many layers and fold the layer loop (default: full)")
     parser.add_argument("--budget", type=int, default=20_000,
                         help="placement evaluations per candidate")
-    parser.add_argument("--cache-dir", default=None, help="compile cache (default: the repo's)")
+    parser.add_argument("--cache-dir", default=None,
+                        help="compile cache (default: compile/ under "
+                             "$AOIZORA_LAB_CACHE_DIR, else the user's cache folder)")
     args = parser.parse_args()
 
     import pandas as pd

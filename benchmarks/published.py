@@ -1534,7 +1534,9 @@ def main() -> None:
                         help="compile this many layers and fold the layer loop (default 2, "
                              "as the planner's benchmarks)")
     parser.add_argument("--workers", type=int, default=2, help="compiles at a time")
-    parser.add_argument("--cache-dir", default=None, help="compile cache (default: the repo's)")
+    parser.add_argument("--cache-dir", default=None,
+                        help="compile cache (default: compile/ under "
+                             "$AOIZORA_LAB_CACHE_DIR, else the user's cache folder)")
     parser.add_argument("--compute-model", choices=COMPUTE_MODELS, default=DEFAULT_COMPUTE_MODEL,
                         help="how ops are priced (aoizora_lab.cost; the report section is "
                              "written for the default only)")
