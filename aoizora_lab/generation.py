@@ -225,6 +225,12 @@ class Generation:
         fitting = [p for p in ok if self.fits(p) is not False]
         return min(fitting or ok, key=lambda p: self.run_of(p)[0], default=None)
 
+    def runs_maxdiffusions(self, part: PricedPart | None, role: str) -> bool:
+        """Whether ``part`` is MaxDiffusion's own program for ``role`` (``decode``,
+        ``video_encode``: :attr:`maxdiffusion`), e.g. the one :meth:`chosen` picked."""
+        theirs = self.maxdiffusion.get(role)
+        return part is not None and theirs is not None and part.part == theirs.part
+
     def _seconds(self, parts: PricedParts) -> float:
         chosen = self.chosen(parts)
         return self.run_of(chosen)[0] if chosen else math.nan
@@ -289,7 +295,7 @@ class Generation:
             seconds, order, dit_order = self._run(best) if best else (math.nan, None, None)
             baseline = self.maxdiffusion.get(role)
             plan = ("none compiled" if best is None else f"{best.part.name} (MaxDiffusion's)"
-                    if baseline is not None and best.part == baseline.part else best.part.name)
+                    if self.runs_maxdiffusions(best, role) else best.part.name)
             rows.append({"part": name, "plan": plan,
                          "order": order.description if order else "", "per_call_s": seconds,
                          "calls": 1,

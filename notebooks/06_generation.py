@@ -98,7 +98,7 @@ else:
     seconds, order = video.run_of(decode)
     beside = (f"{(decode.hbm_bytes + video.resident_bytes) / 2**30:.1f} GiB per device with "
               f"the DiT's weights ({video.resident_bytes / 2**30:.1f} GiB)")
-    theirs = maxdiffusion is not None and decode.part == maxdiffusion.part
+    theirs = video.runs_maxdiffusions(decode, "decode")
     display(Markdown(
         f"Chosen split: **{decode.part.name}**"
         + (" (MaxDiffusion's own decode)" if theirs else "")

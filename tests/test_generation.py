@@ -249,6 +249,10 @@ def test_maxdiffusions_vae_compiles_beside_the_splits_and_runs_where_it_is_faste
     row = video.to_frame().set_index("part")
     assert row.loc["VAE decode", "maxdiffusion_s"] == theirs_s
     assert row.loc["VAE decode", "plan"].endswith("(MaxDiffusion's)") == (theirs_s < ours)
+    runs = video.chosen(video.decode)
+    assert video.runs_maxdiffusions(runs, "decode") == (theirs_s < ours)
+    assert not video.runs_maxdiffusions(runs, "video_encode")  # a text-to-video has none
+    assert not video.runs_maxdiffusions(None, "decode")
     assert math.isnan(row.loc["text encoder", "maxdiffusion_s"])  # MaxDiffusion's is on the host
     # Asked not to, nothing more compiles, and no part is faster for it.
     asked.clear()
@@ -256,6 +260,7 @@ def test_maxdiffusions_vae_compiles_beside_the_splits_and_runs_where_it_is_faste
     assert maxdiffusion not in asked[1] and dict(bare.maxdiffusion) == {}
     assert bare.decode_s == ours >= video.decode_s and bare.total_s >= video.total_s
     assert "(MaxDiffusion's)" not in bare.to_frame().set_index("part").loc["VAE decode", "plan"]
+    assert not bare.runs_maxdiffusions(bare.chosen(bare.decode), "decode")
     with pytest.raises(TypeError):  # a frozen value
         video.maxdiffusion["decode"] = None
 
