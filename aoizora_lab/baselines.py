@@ -81,7 +81,7 @@ from aoizora_lab.placement import (
     make_mesh_order,
     plain_order,
 )
-from aoizora_lab.prune import Pruning
+from aoizora_lab.prune import Pruning, pruned_as
 from aoizora_lab.realize import Plan
 from aoizora_lab.records import Records
 from aoizora_lab.topology import Topology
@@ -581,7 +581,8 @@ class Baselines(Records[BaselineOutcome]):
 
     def trials(self) -> Any:
         """Every setup tried, one row each: ``baseline``, ``recipe``, ``candidate``,
-        ``flags``, ``dropped_flags`` (its recipe's flags left out), ``estimate_s``,
+        ``flags``, ``dropped_flags`` (its recipe's flags left out, and the failure that left
+        them out), ``estimate_s``,
         ``total_s``, ``chosen``, ``reason``."""
         import pandas as pd
 
@@ -613,7 +614,11 @@ class Baselines(Records[BaselineOutcome]):
 
 
 def _dropped(setup: Setup | None) -> str:
-    return " ".join(d.flag for d in setup.dropped) if setup else ""
+    """The flags ``setup`` leaves out and why (one compile broke for all of them)."""
+    if setup is None or not setup.dropped:
+        return ""
+    why = setup.dropped[0]
+    return " ".join(d.flag for d in setup.dropped) + f" ({why.status}: {why.message})"
 
 
 def system_setups(name: str, workload: Workload, topology: Topology
@@ -683,10 +688,11 @@ def baseline_setups(workload: Workload, topology: Topology, pruning: Pruning, *,
                 trials.append(Trial(name, s[0], None, reason=s[1]))
                 continue
             estimate = estimate_of(pruning, s.candidate, s.flags)
-            if name != USER and (s.candidate.name not in valid or math.isnan(estimate)):
+            traced = pruned_as(s.candidate).name  # a chunked setup: its unchunked twin
+            if name != USER and (traced not in valid or math.isnan(estimate)):
                 trials.append(Trial(name, s.recipe, s, estimate, reason=(
                     "not a valid candidate here (over HBM or unsplittable)"
-                    if s.candidate.name not in valid else "its IR trace failed")))
+                    if traced not in valid else "its IR trace failed")))
                 continue
             ranked.append((estimate, s))
         out.append(SystemSetups(name, tuple(trials), tuple(
@@ -834,11 +840,12 @@ def _scored(group: SystemSetups, workload: Workload, topology: Topology, pruning
 
 def estimate_of(pruning: Pruning, candidate: Candidate,
                 flags: CompilerFlags | None = None) -> float:
-    """``candidate``'s IR estimate in ``pruning`` (seconds; NaN where it has none): under
+    """``candidate``'s IR estimate in ``pruning`` (seconds; NaN where it has none; a chunked
+    Ulysses candidate's is its unchunked twin's, :func:`~aoizora_lab.prune.pruned_as`): under
     ``flags`` (what they make asynchronous, ``IREstimate.estimate_under``), or its best over
     the searched flag sets (``None``)."""
     try:
-        decision = pruning.decision(candidate.name)
+        decision = pruning.decision_of(candidate)
     except (KeyError, AoizoraError):
         return math.nan
     if decision.estimate is None:

@@ -55,7 +55,7 @@ import contextlib
 import enum
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from aoizora_lab.candidates import Candidate
@@ -182,10 +182,14 @@ class Pruning(Records[PruneDecision]):
         schedule, and flags that hide communication can lift a candidate it ranks low). A
         candidate pruning never saw may."""
         try:
-            verdict = self.decision(candidate.name).verdict
+            verdict = self.decision_of(candidate).verdict
         except AoizoraError:  # never seen
             return True
         return verdict not in (Verdict.OVER_HBM, Verdict.CANNOT_WIN, Verdict.TRACE_FAILED)
+
+    def decision_of(self, candidate: Candidate) -> PruneDecision:
+        """The decision ``candidate`` is judged by: that on :func:`pruned_as` it."""
+        return self.decision(pruned_as(candidate).name)
 
     def decision(self, name: str) -> PruneDecision:
         """The decision on the candidate called ``name``."""
@@ -211,6 +215,15 @@ class Pruning(Records[PruneDecision]):
 
 MAX_FRACTION = 0.25
 """Rule 4's default cap: the share of the candidates pruning keeps at most (``keep`` aside)."""
+
+
+def pruned_as(candidate: Candidate) -> Candidate:
+    """The candidate pruning traces for ``candidate``: itself, or for chunked Ulysses
+    (``ulysses_chunks`` > 1: a system's recipe may ask for it, the space never enumerates it)
+    its unchunked twin, the same program with each all-to-all cut in chunks: the same weights,
+    activations and bytes, so one decision and one estimate serve both (the chunks' overlap
+    shows only in the compiled schedule)."""
+    return replace(candidate, ulysses_chunks=1)
 
 
 def prune(candidates: Sequence[Candidate], workload: Workload, topology: Topology, *,

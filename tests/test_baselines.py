@@ -37,6 +37,7 @@ from aoizora_lab.placement import (
     plain_order,
 )
 from aoizora_lab.planner import plan
+from aoizora_lab.prune import pruned_as
 
 # 32 tokens: every Ulysses x ring split of 8 devices divides them.
 WORKLOAD = az.Workload(model=TINY, height=64, width=64, frames=5, text_len=8)
@@ -254,8 +255,10 @@ def test_each_system_is_the_best_of_every_setup_it_builds(planned, host):
         assert tried["chosen"].sum() == 1
         if outcome.name != USER:  # every built setup in the space compiled, not only the
             built = [s for s in system_setups(outcome.name, WORKLOAD, host)  # best estimates
-                     if isinstance(s, Setup) and s.candidate.name in valid]
+                     if isinstance(s, Setup) and pruned_as(s.candidate).name in valid]
             assert sorted(priced["recipe"]) == sorted(s.recipe for s in built)
+            if outcome.name == "maxdiffusion-best":  # chunked Ulysses compiled and priced too
+                assert any(s.candidate.ulysses_chunks > 1 for s in built)
     # The plan is never slower than a setup it priced, yours included.
     assert all(planned.best.predicted.total_s <= p.predicted.total_s * (1 + 1e-12)
                for p in planned.baselines.plans.values())
@@ -355,13 +358,16 @@ def test_a_recipe_whose_flags_fail_keeps_every_flag_but_the_one_that_breaks(
         if breaking == ASYNC_ALL_TO_ALL:  # the README's Ulysses set less it is its Wan set
             assert tries[-1].flags.label == "maxdiffusion-wan" and len(tries) == 1
     trials = outcomes.trials()
+    dropping = trials.loc[trials["dropped_flags"] != "", "dropped_flags"]
+    assert len(dropping) and dropping.str.contains(f"(error: JaxRuntimeError: {refusal})",
+                                                   regex=False).all()
     priced = trials[trials["baseline"] == "maxdiffusion-best"]["total_s"]
     assert best.plan.predicted.total_s == priced.min()
 
 
 class _NoEstimates:
-    def decision(self, name):
-        raise KeyError(name)
+    def decision_of(self, candidate):
+        raise KeyError(candidate.name)
 
 
 @pytest.mark.parametrize("partial_compiles", [True, False])
@@ -389,10 +395,16 @@ def test_a_recipe_runs_without_its_flags_only_where_no_try_keeping_some_compiled
                     compiled(partial, 2.0) if partial_compiles else CompiledCandidate(
                         partial.candidate, "error", "refused", 1.0, flags=partial.flags))}
     group = baselines.SystemSetups("maxdiffusion-best", (), (recipe, flagless, partial))
-    best = score_baselines(WORKLOAD, v5e16, _NoEstimates(), [group], outcomes)[
-        "maxdiffusion-best"]
+    scored = score_baselines(WORKLOAD, v5e16, _NoEstimates(), [group], outcomes)
+    best = scored["maxdiffusion-best"]
     # The faster flagless try is the system's run only where nothing keeping a flag compiled.
     assert best.setup == (partial if partial_compiles else flagless)
+    # Each try's row names the flags it leaves out and the failure that left them out.
+    dropped = scored.trials().set_index("recipe")["dropped_flags"]
+    assert dropped[recipe.recipe] == ""
+    for tried in (flagless, partial):
+        left_out = [w for w in recipe.flags.words if w not in tried.flags.words]
+        assert dropped[tried.recipe] == " ".join(left_out) + " (crash: SIGABRT)"
 
 
 @pytest.mark.slow

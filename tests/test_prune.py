@@ -5,7 +5,7 @@ from tiny import TINY, WORKLOAD
 
 import aoizora_lab as az
 from aoizora_lab.candidates import enumerate_candidates
-from aoizora_lab.prune import Pruning, Verdict, estimate_candidates, prune
+from aoizora_lab.prune import Pruning, Verdict, estimate_candidates, prune, pruned_as
 
 CASES = [pytest.param(("wan2.1-t2v-14b", "720p", "v5e:4x4"), marks=pytest.mark.slow),  # 76 traces
          ("wan2.1-t2v-1.3b", "480p", "v5e:2x4")]
@@ -111,6 +111,13 @@ def test_could_win_follows_the_lower_bound_not_the_estimate(swept):
         # the kept best; an estimate far from the best (unlikely to win) still could.
         hopeless = d.verdict is Verdict.OVER_HBM or (not d.verdict.keep and bound > 1.25 * best)
         assert pruning.could_win(d.candidate) is not hopeless, d
+        # A chunked Ulysses setup (never enumerated) is judged as its unchunked twin.
+        if d.candidate.degree("ulysses") >= 2:
+            chunked = dataclasses.replace(d.candidate, ulysses_chunks=2)
+            assert chunked.name != d.candidate.name and pruned_as(chunked) == d.candidate
+            assert pruning.decision_of(chunked) is d
+            assert pruning.could_win(chunked) is not hopeless
+    assert any(d.candidate.degree("ulysses") >= 2 for d in pruning)
     assert Pruning([]).could_win(pruning[0].candidate)  # one pruning never saw may
 
 
