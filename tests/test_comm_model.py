@@ -279,6 +279,41 @@ def test_orders_along_the_physical_lines_cost_what_the_per_axis_rings_cost(
     np.testing.assert_allclose(logical.link_bytes, physical.link_bytes, rtol=1e-12)
 
 
+@pytest.mark.parametrize("kind", ["all-gather", "reduce-scatter", "all-reduce"])
+@pytest.mark.parametrize(("shape", "mesh", "axes", "style"), [
+    ((4, 4), (4, 4), [1], "row-major"), ((4, 4), (4, 4), [0], "row-major"),
+    ((8, 8), (4, 16), [1], "row-major"), ((4, 4), (16,), [0], "row-major"),
+    ((2, 2, 4), (4, 4), [1], "row-major"), ((4, 4), (4, 4), [1], "reversed lines"),
+    ((2, 2, 2), (4, 4), [1], "row-major"), ((2, 2, 2), (8, 2), [0], "row-major")])
+def test_the_compiler_model_leaves_the_physical_lines_only_for_small_rings_in_group_order(
+        kind, shape, mesh, axes, style):
+    # The same layouts: the default model prices all-gathers (a reordering map) and groups
+    # of more than 8 (per-axis rings) as "physical" does, a group along one physical line
+    # within hop latency of it, and a reduction of 3 to 8 devices spread over several axes
+    # (a row-major block, a chip's two TPU7x devices and a line) as a ring in group order,
+    # whose row-major hops cut corners over two or more links: dearer.
+    generation = "tpu7x" if shape == (2, 2, 2) else "v5p" if len(shape) == 3 else "v5e"
+    topo = az.Topology.simulated(shape, generation=generation)
+    coords = [tuple(int(v) for v in c) for c in topo.chip_coords]
+    order = sorted(range(topo.num_devices),
+                   key=lambda i: (coords[topo.device_chip[i]][::-1], i))
+    if style == "reversed lines":
+        order = np.array(order).reshape(mesh)[:, ::-1].ravel().tolist()
+    groups = az.mesh_axis_groups(mesh, axes)
+    collective = az.Collective(kind, groups, 8 * MB)
+    compiler, physical = (az.estimate(collective, topo, order, options=az.ModelOptions(order=m))
+                          for m in ("compiler", "physical"))
+    chips = [topo.device_chip[order[i]] for i in groups[0]]
+    spanned = (sum(len({coords[c][d] for c in chips}) > 1 for d in range(len(shape)))
+               + (len(set(chips)) < len(chips)))  # a chip's devices: the core axis
+    if kind == "all-gather" or len(groups[0]) > 8:
+        assert compiler.seconds == pytest.approx(physical.seconds, rel=1e-12)
+    elif spanned == 1:
+        assert compiler.seconds == pytest.approx(physical.seconds, rel=0.01)
+    else:
+        assert compiler.seconds > 1.3 * physical.seconds
+
+
 def test_an_all_reduce_runs_along_its_group_order_under_the_compiler_model():
     # v6e:2x4, 64 MB over all 8 chips: in the ring order every hop of the bidirectional ring
     # is one link, so each link carries (n - 1) / 2 shards per pass each way, two passes; in
