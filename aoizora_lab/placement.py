@@ -461,6 +461,15 @@ class PlacementScorer:
         self._multi_groups = [g for g in self.groups if len(g.members) > 1]
         self._joint_structures = sorted({self._structure_of[i] for g in self._multi_groups
                                          for i in g.members})
+        # Each such group's bytes per structure: its members' summed loads are one weighted
+        # sum of its structures' loads, however many members share a structure.
+        self._joint_bytes: list[dict[int, float]] = []
+        for group in self._multi_groups:
+            weights: dict[int, float] = {}
+            for i in group.members:
+                k = self._structure_of[i]
+                weights[k] = weights.get(k, 0.0) + self._bytes[i]
+            self._joint_bytes.append(weights)
         routes = route_matrix(topology, self.options)
         intra = intra_chip_slots(topology)
         if intra:
@@ -808,11 +817,12 @@ class PlacementScorer:
                            np.maximum(np.maximum(window, single) - window,
                                       (1 - self.options.overlap) * single), single)
         totals = self._single_runs @ exposed
-        # Loads summed over phases, once per structure in flight with others.
+        # Loads summed over phases, once per structure in flight with others. (Not one
+        # matrix product: BLAS threads left spinning slow the loops after it.)
         over_phases = {k: terms[k][0].sum(axis=1) for k in self._joint_structures}
-        for group in self._multi_groups:
+        for group, weights in zip(self._multi_groups, self._joint_bytes, strict=True):
             member_s = alone[list(group.members)]
-            summed = sum(over_phases[of[i]] * self._bytes[i] for i in group.members)
+            summed = sum(over_phases[k] * b for k, b in weights.items())
             joint = summed.max(axis=1, initial=0.0) * per_byte + latency[
                 of[list(group.members)]].max(axis=0)
             totals += group_exposed(group, member_s, joint,

@@ -253,18 +253,17 @@ def _ring_of_2xn(n):
     return [(0, y) for y in range(n)] + [(1, y) for y in reversed(range(n))]
 
 
-@pytest.mark.parametrize("kind", ["all-gather", "reduce-scatter", "all-reduce"])
-@pytest.mark.parametrize(("shape", "mesh", "axes", "style"), [
+LINE_LAYOUTS = [
     ((4, 4), (4, 4), [1], "row-major"), ((4, 4), (4, 4), [0], "row-major"),
     ((8, 8), (4, 16), [1], "row-major"), ((4, 4), (16,), [0], "row-major"),
     ((2, 2, 4), (4, 4), [1], "row-major"), ((4, 4), (4, 4), [1], "reversed lines"),
-    ((2, 2, 2), (4, 4), [1], "row-major"), ((2, 2, 2), (8, 2), [0], "row-major")])
-def test_orders_along_the_physical_lines_cost_what_the_per_axis_rings_cost(
-        kind, shape, mesh, axes, style):
-    # "logical" runs along the group's order; where that order follows the physical lines
-    # (each mesh axis on one physical axis, in or against physical order, the devices of a
-    # chip innermost) it is the per-axis algorithm of "physical" link for link. (2, 2, 2):
-    # tpu7x, two devices per chip.
+    ((2, 2, 2), (4, 4), [1], "row-major"), ((2, 2, 2), (8, 2), [0], "row-major")]
+"""Meshes whose axes follow the physical lines (slice shape, mesh, the group's axes, order)."""
+
+
+def _along_lines(shape, mesh, style):
+    """The slice and a device order whose mesh axes follow its physical lines: coordinate
+    row-major, a chip's devices innermost (``"reversed lines"``: each line run backwards)."""
     generation = "tpu7x" if shape == (2, 2, 2) else "v5p" if len(shape) == 3 else "v5e"
     topo = az.Topology.simulated(shape, generation=generation)
     coords = [tuple(int(v) for v in c) for c in topo.chip_coords]
@@ -272,6 +271,18 @@ def test_orders_along_the_physical_lines_cost_what_the_per_axis_rings_cost(
                    key=lambda i: (coords[topo.device_chip[i]][::-1], i))
     if style == "reversed lines":
         order = np.array(order).reshape(mesh)[:, ::-1].ravel().tolist()
+    return topo, order
+
+
+@pytest.mark.parametrize("kind", ["all-gather", "reduce-scatter", "all-reduce"])
+@pytest.mark.parametrize(("shape", "mesh", "axes", "style"), LINE_LAYOUTS)
+def test_orders_along_the_physical_lines_cost_what_the_per_axis_rings_cost(
+        kind, shape, mesh, axes, style):
+    # "logical" runs along the group's order; where that order follows the physical lines
+    # (each mesh axis on one physical axis, in or against physical order, the devices of a
+    # chip innermost) it is the per-axis algorithm of "physical" link for link. (2, 2, 2):
+    # tpu7x, two devices per chip.
+    topo, order = _along_lines(shape, mesh, style)
     collective = az.Collective(kind, az.mesh_axis_groups(mesh, axes), 8 * MB)
     logical = az.estimate(collective, topo, order, options=az.ModelOptions(order="logical"))
     physical = az.estimate(collective, topo, order, options=az.ModelOptions(order="physical"))
@@ -280,11 +291,7 @@ def test_orders_along_the_physical_lines_cost_what_the_per_axis_rings_cost(
 
 
 @pytest.mark.parametrize("kind", ["all-gather", "reduce-scatter", "all-reduce"])
-@pytest.mark.parametrize(("shape", "mesh", "axes", "style"), [
-    ((4, 4), (4, 4), [1], "row-major"), ((4, 4), (4, 4), [0], "row-major"),
-    ((8, 8), (4, 16), [1], "row-major"), ((4, 4), (16,), [0], "row-major"),
-    ((2, 2, 4), (4, 4), [1], "row-major"), ((4, 4), (4, 4), [1], "reversed lines"),
-    ((2, 2, 2), (4, 4), [1], "row-major"), ((2, 2, 2), (8, 2), [0], "row-major")])
+@pytest.mark.parametrize(("shape", "mesh", "axes", "style"), LINE_LAYOUTS)
 def test_the_compiler_model_leaves_the_physical_lines_only_for_small_rings_in_group_order(
         kind, shape, mesh, axes, style):
     # The same layouts: the default model prices all-gathers (a reordering map) and groups
@@ -292,13 +299,8 @@ def test_the_compiler_model_leaves_the_physical_lines_only_for_small_rings_in_gr
     # within hop latency of it, and a reduction of 3 to 8 devices spread over several axes
     # (a row-major block, a chip's two TPU7x devices and a line) as a ring in group order,
     # whose row-major hops cut corners over two or more links: dearer.
-    generation = "tpu7x" if shape == (2, 2, 2) else "v5p" if len(shape) == 3 else "v5e"
-    topo = az.Topology.simulated(shape, generation=generation)
+    topo, order = _along_lines(shape, mesh, style)
     coords = [tuple(int(v) for v in c) for c in topo.chip_coords]
-    order = sorted(range(topo.num_devices),
-                   key=lambda i: (coords[topo.device_chip[i]][::-1], i))
-    if style == "reversed lines":
-        order = np.array(order).reshape(mesh)[:, ::-1].ravel().tolist()
     groups = az.mesh_axis_groups(mesh, axes)
     collective = az.Collective(kind, groups, 8 * MB)
     compiler, physical = (az.estimate(collective, topo, order, options=az.ModelOptions(order=m))
