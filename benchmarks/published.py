@@ -843,11 +843,11 @@ def published_targets(predictions: pd.DataFrame, comparisons: pd.DataFrame,
     dependent = (gathers.loc[~gathers["independent"].astype(bool), "prediction"].nunique()
                  if len(gathers) else 0)
     rows = [{"target": "independent predictions (counted)",
-             "value": f"{len(predictions) + lone}: {len(predictions)} pairs of rebuilt runs "
-                      f"(from {pairs - skipped} modelled published pairs; {skipped} more not "
-                      "modelled)"
-                      f" + {lone} lone collectives ({dependent} not independent of the chip "
-                      "constants)",
+             "value": f"{len(predictions) + lone - dependent}: {len(predictions)} pairs of "
+                      f"rebuilt runs (from {pairs - skipped} modelled published pairs; "
+                      f"{skipped} more not modelled) + {lone - dependent} lone collectives; "
+                      f"{dependent} more lone collective{'s' if dependent != 1 else ''} not "
+                      "independent of the chip constants, not counted",
              "met": "–"}]
 
     def target(name: str, subset: pd.DataFrame, rows_column: str, hits: str) -> dict[str, Any]:

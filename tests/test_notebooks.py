@@ -71,6 +71,9 @@ def test_every_notebook_runs_and_saves_values_the_library_agrees_with(report):
     odds = ranking["p_plan_faster_than_best_system"]
     assert odds is None or 0 <= odds <= 1
     assert ranking["robust_choice"]
+    assert 0 < ranking["predicted_step_p10_s"] <= ranking["predicted_step_p90_s"]
+    assert (ranking["speedup_p10"] is None) == (odds is None)
+    assert odds is None or 0 < ranking["speedup_p10"] <= ranking["speedup_p90"]
     realised = records["05_realize_and_measure"]
     assert realised["plan_candidate"] == ranking["best_candidate"]
     assert realised["realised_collectives_match"] is True
@@ -161,4 +164,6 @@ def test_a_headline_a_time_limit_leaves_unknown_is_recorded_as_none(tmp_path, mo
     assert run.records["speedup_over_best_existing_system"] is None
     assert run.records["systems_not_known"]  # named
     assert run.records["p_plan_faster_than_best_system"] is None  # nor its odds
+    assert run.records["speedup_p10"] is None and run.records["speedup_p90"] is None
+    assert run.records["predicted_step_p90_s"] > 0  # the plan's own interval is known
     assert run.records["predicted_step_s"] > 0  # the plan itself is known
