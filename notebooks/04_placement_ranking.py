@@ -273,19 +273,21 @@ viz.show(viz.heatmap_comparison(slice_, plain_bytes, link_bytes, left_title="pla
 # gains are in `reports/benchmarks.md`, "Device order"). So the same chips cost more as a
 # chain whose hops cross the slice than as a ring of one-link hops. Below: the winner's
 # heaviest collective that runs along its order, in plain device order and in the winning
-# placement (or, where it has none, an all-reduce over a block of this slice as a chain and
-# as a ring), one group's hops drawn over the loads: green takes one link, red more; `#i` is
-# a device's position in the group, and each panel names its time and busiest link.
+# placement, then the effect alone: an all-reduce over the same chips of a block of this
+# slice as a chain and as a ring. One group's hops are drawn over the loads: green takes one
+# link, red more; `#i` is a device's position in the group, and each panel names its time
+# and busiest link.
 
 # %%
 ordered = viz.ordered_collective(program, slice_)
 if ordered is not None:
     viz.show(viz.order_comparison(slice_, ordered, plain_order(slice_), best.placement,
                                   right_title="winning placement"))
-elif (pair := viz.chain_and_ring(slice_)) is not None:
+else:
     display(Markdown(f"The winner runs no collective along its order here (`{best.candidate.name}`"
-                     "'s gathers and large groups are laid out by the compiler), so the "
-                     "picture shows the effect on a block of this slice:"))
+                     "'s gathers and large groups are laid out by the compiler)."))
+if (pair := viz.chain_and_ring(slice_)) is not None:
+    display(Markdown("The same chips as a chain and as a ring:"))
     viz.show(viz.order_comparison(slice_, *pair))
 
 # %% [markdown]
