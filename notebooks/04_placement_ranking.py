@@ -169,24 +169,28 @@ display(sure.to_frame().drop(columns=["median_winner"]).round(4))
 # lowest median; where they differ, the cheaper-looking option is the riskier one.
 #
 # What drives the spread, for the two comparisons a reader acts on: the plan against the best
-# system (does the headline hold?) and against the runner-up among the plan's own options
-# (does the ranking hold?). For each drawn constant, the rank correlation between its value
-# and the rival's step over the plan's (for a choice, the median ratio under each
-# alternative). A constant near the top is the one a measurement on a real slice would settle
-# first (`measure.calibrate` fits the ICI constants, `measure.calibrate_compute` the compute
-# efficiencies; a calibrated constant is taken as known and not drawn). Where the ratio moves
-# by less than 0.1 % over the draws, the two run nearly the same program and no constant
-# changes the answer: the correlations would rank noise, so they are not shown.
+# system (does the headline hold?) and against the robust choice, or where the plan is the robust
+# choice the best other sharding among its own options (does the ranking hold?). For each drawn
+# constant, the rank correlation between its value and the rival's step over the plan's (for a
+# choice, the median ratio under each alternative). A constant near the top is the one a
+# measurement on a real slice would settle first (`measure.calibrate` fits the ICI constants,
+# `measure.calibrate_compute` the compute efficiencies; a calibrated constant is taken as known
+# and not drawn). Where the ratio moves by less than 0.1 % over the draws, the two run nearly the
+# same program and no constant changes the answer: the correlations would rank noise, so they are
+# not shown.
 
 # %%
 import numpy as np
 
 plan_option = sure.option(sure.plan)
+sharding = sure.plan.split(" (")[0]  # the plan's candidate; its other flags and orders
 rivals = {"the best system": min((o for o in sure if not o.ours), key=lambda o: o.point_s,
                                  default=None),
-          "the runner-up of the plan's own options": min(
-              (o for o in sure if o.ours and o.label != sure.plan), key=lambda o: o.median_s,
-              default=None)}
+          "the robust choice" if sure.robust != sure.plan else
+          "the runner-up sharding of the plan's own options": (
+              sure.option(sure.robust) if sure.robust != sure.plan else min(
+                  (o for o in sure if o.ours and o.label.split(" (")[0] != sharding),
+                  key=lambda o: o.median_s, default=None))}
 for who, rival in rivals.items():
     if rival is None:
         continue
