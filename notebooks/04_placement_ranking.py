@@ -196,11 +196,12 @@ for who, rival in rivals.items():
         continue
     ratio = rival.steps / plan_option.steps
     low, high = np.quantile(ratio, [0.1, 0.9])
+    moves = high / low - 1 >= 1e-3
     display(Markdown(f"**Against {who}**, {rival.label}: its step over the plan's is "
                      f"{np.median(ratio):.4f}x at the median (80 %: {low:.4f} - {high:.4f}x)"
-                     + (": it moves by less than 0.1 %, nothing here changes this answer."
-                        if high / low - 1 < 1e-3 else ".")))
-    if high / low - 1 >= 1e-3:
+                     + ("." if moves else
+                        ": it moves by less than 0.1 %, nothing here changes this answer.")))
+    if moves:
         display(sure.drivers(slice_, against=rival.label).round(3))
 display(Markdown("\n".join(f"- {line}" for line in sure.summary(slice_))))
 
