@@ -22,7 +22,8 @@ into ``reports/`` (HTML pages and ``index.html``); its exit status is the number
 that failed (at most 125).
 
 ``aoizora-lab bench [--quick] [--out reports/benchmarks.md]`` runs the benchmarks (plan quality,
-search cost, placement throughput; :mod:`aoizora_lab.bench`) and writes their Markdown report.
+search cost, quick plans, placement throughput, interactive speed; :mod:`aoizora_lab.bench`)
+and writes their sections of the Markdown report.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ from aoizora_lab.comm_model import (
 )
 from aoizora_lab.errors import AoizoraError
 from aoizora_lab.hardware import chip_spec
-from aoizora_lab.options import FULL_SEARCH, INTERACTIVE, INTERACTIVE_TIME_LIMIT_S
+from aoizora_lab.options import FULL_SEARCH, INTERACTIVE, INTERACTIVE_TIME_LIMIT_S, SEARCHED_FLAGS
 from aoizora_lab.topology import Topology
 
 
@@ -349,7 +350,7 @@ def build_parser() -> argparse.ArgumentParser:
                          "order-only measurements chose)")
     pl.add_argument("--flags", nargs="+", metavar="FLAGS",
                     help="compiler flag sets to search (names of compile.FLAG_SETS or quoted "
-                         "LIBTPU_INIT_ARGS; default: default maxdiffusion-ulysses)")
+                         f"LIBTPU_INIT_ARGS; default: {' '.join(SEARCHED_FLAGS)})")
     pl.add_argument("--max-compiled", type=int, default=None, metavar="N",
                     help="a quick answer: compile only the N survivors the IR estimates best "
                          "(where estimates tie, the full search's winner may be left out)")

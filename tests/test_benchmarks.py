@@ -193,6 +193,24 @@ def test_placement_throughput_scores_placements(throughput):
     assert row["predict_s"] > 0 and row["ensemble_s"] > 0
 
 
+def test_throughput_targets_check_each_chip_count():
+    from aoizora_lab.bench.throughput import THROUGHPUT_TARGETS, throughput_targets
+
+    (small, least_small), (large, least_large) = sorted(THROUGHPUT_TARGETS.items())
+    table = pd.DataFrame({"chips": [8, small, large],
+                          "placements/s": [1.0, least_small * 1.01, least_large * 0.99]})
+    def verdicts(frame):
+        targets = throughput_targets(frame)
+        return {int(t.split()[-2]): m
+                for t, m in zip(targets["target"], targets["met"], strict=True)}
+
+    assert verdicts(table) == {small: "met", large: "missed"}
+    # A chip count whose row failed (no rate) misses its target instead of passing unseen.
+    failed = table.assign(**{"placements/s": [1.0, math.nan, least_large * 2]})
+    assert verdicts(failed) == {small: "missed", large: "met"}
+    assert "no result" in set(throughput_targets(failed)["value"])
+
+
 @pytest.mark.slow
 def test_compile_survivors_prices_every_survivor(quality, slice_2x2, cache):
     # After the plan-quality fixture, whose planner pruned and compiled the same survivors.

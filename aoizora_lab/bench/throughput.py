@@ -3,7 +3,8 @@
 :func:`placement_throughput` times :class:`~aoizora_lab.placement.PlacementScorer` on the
 search's own workload (every structured placement, then batches of pairwise swaps of the best
 ones) on Wan-sized compiled programs, for :data:`THROUGHPUT_CASES` (8, 16, 64 and 256 chips);
-:func:`throughput_markdown` is its section of the report.
+:func:`throughput_markdown` is its section of the report, with :data:`THROUGHPUT_TARGETS`
+checked (:func:`throughput_targets`).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from aoizora_lab.bench.report import case_row, markdown_table
+from aoizora_lab.bench.report import case_row, markdown_table, met
 from aoizora_lab.cases import Case
 from aoizora_lab.compile import CompileStatus
 from aoizora_lab.topology import Topology
@@ -32,6 +33,11 @@ THROUGHPUT_CASES: tuple[tuple[str, str], ...] = (
 )
 """(case, candidate) of :func:`placement_throughput`: 8, 16, 64 and 256 chips (the 256-chip
 program compiles deviceless in about a minute and 1.8 GB on 2 cores)."""
+
+THROUGHPUT_TARGETS: dict[int, float] = {64: 20_000.0, 256: 5_000.0}
+"""Chips -> the least swap evaluations per second (`placements/s`) the search should score:
+a 64-chip budget of 20,000 evaluations in about a second, and the 256-chip search within a few
+seconds per program."""
 
 WHOLE_BATCH = 1_000
 """Swapped placements priced from scratch for the comparison column."""
@@ -153,4 +159,19 @@ def throughput_markdown(table: pd.DataFrame, evaluations: int) -> str:
         "(`uncertainty.price`, its other device-order choice estimated cold): what a plan's "
         "uncertainty costs per program.",
         markdown_table(table),
+        "Targets (swap evaluations, `placements/s`, on the machine above):",
+        markdown_table(throughput_targets(table)),
     ])
+
+
+def throughput_targets(table: pd.DataFrame) -> pd.DataFrame:
+    """Each :data:`THROUGHPUT_TARGETS` entry against the rows of ``table`` with that many
+    chips (a missing or failed row misses it)."""
+    rows = []
+    for chips, least in THROUGHPUT_TARGETS.items():
+        rates = (table.loc[table["chips"] == chips, "placements/s"].dropna()
+                 if {"chips", "placements/s"} <= set(table.columns) else pd.Series(dtype=float))
+        rows.append({"target": f">= {least:,.0f} placements/s at {chips} chips",
+                     "value": ", ".join(f"{r:,.0f}/s" for r in rates) or "no result",
+                     "met": met(len(rates) and (rates >= least).all())})
+    return pd.DataFrame(rows, columns=["target", "value", "met"])
