@@ -199,6 +199,7 @@ def test_throughput_targets_check_each_chip_count():
     (small, least_small), (large, least_large) = sorted(THROUGHPUT_TARGETS.items())
     table = pd.DataFrame({"chips": [8, small, large],
                           "placements/s": [1.0, least_small * 1.01, least_large * 0.99]})
+
     def verdicts(frame):
         targets = throughput_targets(frame)
         return {int(t.split()[-2]): m

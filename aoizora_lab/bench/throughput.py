@@ -31,8 +31,8 @@ THROUGHPUT_CASES: tuple[tuple[str, str], ...] = (
     ("wan2.1-t2v-14b@1280x720x81/v5e:8x8", "cfg2-uly8-ring4-fsdp"),
     ("wan2.1-t2v-14b@1280x720x81/v5e:16x16", "cfg2-uly8-ring16-fsdp"),
 )
-"""(case, candidate) of :func:`placement_throughput`: 8, 16, 64 and 256 chips (the 256-chip
-program compiles deviceless in about a minute and 1.8 GB on 2 cores)."""
+"""(case, candidate) of :func:`placement_throughput`: 8, 16, 64 and 256 chips (what each
+program's compile costs: the section's `compile_s` and `compile host_gib`)."""
 
 THROUGHPUT_TARGETS: dict[int, float] = {64: 20_000.0, 256: 5_000.0}
 """Chips -> the least swap evaluations per second (`placements/s`) the search should score:
