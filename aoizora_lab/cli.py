@@ -42,6 +42,7 @@ from aoizora_lab.comm_model import (
     compare_placements,
     standard_collectives,
 )
+from aoizora_lab.compile import Compiles, NotRunReason
 from aoizora_lab.errors import AoizoraError
 from aoizora_lab.hardware import chip_spec
 from aoizora_lab.options import FULL_SEARCH, INTERACTIVE, INTERACTIVE_TIME_LIMIT_S, SEARCHED_FLAGS
@@ -175,13 +176,7 @@ def _plan_command(args: argparse.Namespace) -> int:
                   f"{own.predicted.total_s:.4g} s, is slower)")
         print("\nWhere its communication time goes:")
         print(best.breakdown.head(args.top).to_string(float_format=lambda v: f"{v:.4g}"))
-        unstarted = result.compiled.not_run
-        if unstarted:
-            print(f"\nNot compiled within the {limit:g} s limit ({len(unstarted)} of "
-                  f"{len(result.compiled)}; the plan is the best of the rest, --full compiles "
-                  "every one): " + ", ".join(f"{r.candidate.name} ({r.flags.label} flags)"
-                                             for r in unstarted[:6])
-                  + (", ..." if len(unstarted) > 6 else ""))
+        _print_not_compiled(result.compiled, limit)
         if args.no_systems:
             print("\nThe systems people run: not compared (--no-systems).")
         else:
@@ -192,7 +187,7 @@ def _plan_command(args: argparse.Namespace) -> int:
             for outcome in result.baselines:
                 if outcome.unstarted:
                     print(f"  {outcome.name}: priced on the setups compiled within the "
-                          f"{limit:g} s limit; not compiled: "
+                          f"{_limit_words(limit)}; not compiled: "
                           + "; ".join(outcome.unstarted) + " (its best may be among them, "
                           "so the ratios may flatter the plan: --full compiles every setup)")
         print("\nWhere the gain comes from (vs existing systems: system / the search's own "
@@ -237,7 +232,8 @@ def _plan_command(args: argparse.Namespace) -> int:
                       "wan2.2-t2v-a14b@1280x720x81-swap, plans the step with one expert's HBM).")
         if args.compare:
             print("\nYour setup, and what to change (speedup = yours / that row):")
-            print(result.advice().to_string(float_format=lambda v: f"{v:.4g}"))
+            print(result.advice(budget=args.budget)
+                  .to_string(float_format=lambda v: f"{v:.4g}"))
         if best.flags.args:
             print(f"\nRun it with LIBTPU_INIT_ARGS=\"{best.flags.args}\"")
     if args.json:
@@ -293,6 +289,32 @@ def _bench_command(args: argparse.Namespace) -> int:
 
 CASE_HELP = (f"workload on a slice, {CASE_SPEC}, e.g. wan2.1-t2v-14b@1280x720x81/v5e:4x4 "
              "(480p / 720p name a size)")
+
+
+_NOT_COMPILED_WHY = {
+    NotRunReason.TIME_LIMIT: "would have ended after the {limit}",
+    NotRunReason.FIRST_RUN: "not started by this plan's first run (so the same answer again)",
+    NotRunReason.BUDGET: "beyond the compile budget (--max-compiled)",
+}
+"""Why a survivor was left uncompiled, for the plan's printout (the flag rule's spared
+compiles are in ``PlanResult.skipped``, not here: they could not win)."""
+
+
+def _limit_words(limit: float | None) -> str:
+    return f"{limit:g} s limit" if limit is not None else "time limit"
+
+
+def _print_not_compiled(compiled: Compiles, limit: float | None) -> None:
+    """The survivors a plan left uncompiled, by reason: the plan is the best of the rest."""
+    unstarted = compiled.not_run
+    for reason in dict.fromkeys(r.reason for r in unstarted):
+        these = [r for r in unstarted if r.reason is reason]
+        why = _NOT_COMPILED_WHY.get(reason, reason.value)
+        print(f"\nNot compiled, {why.format(limit=_limit_words(limit))} ({len(these)} of "
+              f"{len(compiled)}; the plan is the best of the rest, --full without "
+              "--max-compiled compiles every one): "
+              + ", ".join(f"{r.candidate.name} ({r.flags.label} flags)" for r in these[:6])
+              + (", ..." if len(these) > 6 else ""))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -363,7 +385,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="no time limit: compile every survivor (with every flag set that "
                          "could win) and every system's setup")
     pl.add_argument("--no-systems", action="store_true",
-                    help="skip the existing systems' setups (their compiles); no headline")
+                    help="skip the existing systems' setups (their compiles); the headline "
+                         "then has no system to compare with")
     pl.add_argument("--draws", type=_draws, default=256, metavar="N",
                     help="price the answer under N draws of the model's uncertain constants "
                          "and choices: intervals, the odds against each system and the "

@@ -23,12 +23,14 @@ contract::
   the page.
 - **Headline values**: ``record("best_latency_s", 0.0123)`` stores a JSON-able value in the
   cell's output under :data:`RECORD_MIMETYPE`; :func:`~aoizora_lab.reports.read_records` reads
-  them back and the report index lists them. Pages hide these outputs.
+  them back and the report index lists them. Pages hide these outputs. A number the run
+  could not give is recorded as None (``record("total_s", known(video.total_s))``).
 """
 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -42,6 +44,7 @@ __all__ = [
     "RECORD_MIMETYPE",
     "NotebookInputs",
     "check_library_parameters",
+    "known",
     "notebook_inputs",
     "record",
     "show",
@@ -158,6 +161,13 @@ def record(name: str, value: Any) -> None:
         return
     display({RECORD_MIMETYPE: {name: json.loads(text)},
              "text/plain": f"recorded {name} = {text}"}, raw=True)
+
+
+def known(value: float) -> float | None:
+    """``value``, or None where it is NaN (a number the run could not give, e.g. the whole
+    video's seconds when a part has no split that compiled): what :func:`record` takes for a
+    missing number, which refuses NaN so that a number is never lost unseen."""
+    return None if math.isnan(value) else value
 
 
 def _numpy_to_python(value: Any) -> Any:

@@ -40,7 +40,7 @@ from IPython.display import Markdown, display
 
 from aoizora_lab import viz
 from aoizora_lab.candidates import explain_candidates
-from aoizora_lab.hardware import chip_spec
+from aoizora_lab.hardware import device_spec
 from aoizora_lab.notebook import notebook_inputs, record
 from aoizora_lab.prune import Verdict, prune
 
@@ -49,16 +49,17 @@ workload, slice_ = inputs.workload, inputs.topology
 candidates = explain_candidates(workload, slice_).valid
 pruning = prune(candidates, workload, slice_,
                 flag_async=inputs.options.flag_async(slice_))
-chip = chip_spec(slice_.generation)
+device = device_spec(slice_)  # a chip's share per device (TPU7x: two devices per chip)
 display(Markdown(f"Traced **{len(candidates)}** valid candidates of {workload.name} on "
-                 f"{slice_.name}; usable HBM per chip {chip.hbm_usable_bytes / 2**30:.2f} GiB."))
+                 f"{slice_.name}; usable HBM per device {device.hbm_usable_bytes / 2**30:.2f} "
+                 "GiB."))
 
 # %% [markdown]
 # ## The rules
 #
 # Applied in order; the first that applies decides, and names the candidate's *verdict*:
 #
-# 1. **cannot fit** (`over_hbm`) — parameters plus the largest activation exceed a chip's
+# 1. **cannot fit** (`over_hbm`) — parameters plus the largest activation exceed a device's
 #    usable HBM;
 # 2. **cannot win** (`cannot_win`) — its *lower bound* is more than 25 % above the best
 #    *estimate*;

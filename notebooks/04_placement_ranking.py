@@ -361,7 +361,8 @@ viz.show(viz.collective_breakdown(best.breakdown))
 
 # %%
 views, users_by_view = viz.ranking_views(result.ranking[:4], result.programs, slice_)
-views |= viz.heaviest_collective_views(program, slice_, best.placement, top=4, prefix="winner")
+views |= viz.heaviest_collective_views(program, slice_, best.placement, top=4, prefix="winner",
+                                      options=inputs.options.model)
 viz.show(viz.heatmap_explorer_figure(slice_, views, collectives_by_view=users_by_view,
                                      title="Link bytes: pick a view"))
 

@@ -48,7 +48,7 @@ from IPython.display import Markdown, display
 
 from aoizora_lab import viz
 from aoizora_lab.generation import plan_generation
-from aoizora_lab.notebook import notebook_inputs, record
+from aoizora_lab.notebook import known, notebook_inputs, record
 from aoizora_lab.planner import plan
 
 inputs = notebook_inputs(case=case, layers=layers, budget=budget, time_limit=time_limit)
@@ -57,7 +57,9 @@ result = plan(workload, slice_, inputs.options)  # the step's plan (cached by no
 video = plan_generation(result.best, steps)
 frame = video.to_frame()
 display(Markdown(f"**{workload.name}** on {slice_.name}, {video.steps} steps: "
-                 f"**{video.total_s:.1f} s** of TPU time per video."))
+                 + (f"**{video.total_s:.1f} s** of TPU time per video."
+                    if known(video.total_s) is not None else
+                    "not known: a part has no split that compiled (its `status` below).")))
 display(frame)
 viz.show(viz.generation_chart(frame))
 
@@ -135,11 +137,11 @@ if decode is not None and decode.program.collectives:
 display(video.encode.to_frame().drop(columns=["message"]))
 
 # %%
-record("total_s", video.total_s)
+record("total_s", known(video.total_s))
 record("steps", video.steps)
 record("expert_steps", list(video.expert_steps))
-record("encode_s", video.encode_s)
-record("decode_s", video.decode_s)
+record("encode_s", known(video.encode_s))
+record("decode_s", known(video.decode_s))
 record("decode_split", decode.part.name if decode is not None else "")
 record("decode_splits_tried", len(video.decode))
 record("decode_fits_beside_dit", video.fits(decode) if decode is not None else None)

@@ -121,10 +121,12 @@ def test_quick_plans_price_a_compile_budget_against_the_full_search(cost, slice_
     budgets = quick.budgets
     assert list(budgets["max_compiled"]) == list(range(1, len(budgets) + 1))
     assert 1 <= len(budgets) <= 3 and (budgets["status"] == "ok").all()
-    # Fewer programs to choose from, the same search: never better than the full search.
+    # Fewer programs to choose from, the same search: never better than the full search's
+    # own best, which is what the regret is taken against (a quick plan compiles no system).
+    assert full["searched_s"] >= full["plan_s"] - 1e-12
     assert (budgets["regret_percent"] >= -1e-6).all()
     assert budgets["regret_percent"].to_numpy() == pytest.approx(
-        100 * (budgets["plan_s"].to_numpy() / full["plan_s"] - 1))
+        100 * (budgets["plan_s"].to_numpy() / full["searched_s"] - 1))
     assert (budgets["compiles"] >= budgets["max_compiled"]).all()
     exact = budgets.index[budgets["regret_percent"] <= 1e-9]
     timed = budgets.index[budgets["cold_s"].notna()]

@@ -178,7 +178,8 @@ def test_the_chart_shows_each_part_in_running_order_with_its_share(monkeypatch):
     colors = dict(zip(bar.y, bar.marker.color, strict=True))
     assert colors["DiT steps (high-noise expert)"] == colors["DiT steps (low-noise expert)"]
     assert colors["text encoder"] != colors["VAE decode"]
-    with pytest.raises(AoizoraError, match=r"generation_chart needs columns \['share'\]"):
+    with pytest.raises(AoizoraError,
+                       match=r"generation_chart needs columns \['share'\].*Generation.to_frame"):
         viz.generation_chart(frame.drop(columns=["share"]))
 
 

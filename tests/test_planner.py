@@ -27,7 +27,8 @@ def planned():
 
 
 @pytest.mark.slow  # the planned fixture compiles in child processes
-def test_a_quick_plan_compiles_the_best_estimates_only_and_no_system(planned):
+def test_a_quick_plan_compiles_the_best_estimates_only_and_no_system(planned, monkeypatch,
+                                                                     capsys):
     quick = plan(WORKLOAD, planned.best.topology,
                  PlanOptions(budget=400, max_compiled=2, systems=False))
     assert quick.pruning.kept == planned.pruning.kept  # a budget of compiles, not of pruning
@@ -43,6 +44,17 @@ def test_a_quick_plan_compiles_the_best_estimates_only_and_no_system(planned):
     assert quick.best.predicted.total_s >= planned.searched.predicted.total_s - 1e-12
     with pytest.raises(az.AoizoraError, match="max_compiled=0"):
         PlanOptions(max_compiled=0)
+    # The command line says why each survivor was left out, with or without a time limit.
+    from aoizora_lab import cli, planner
+
+    monkeypatch.setattr(planner, "plan", lambda *args, **kwargs: quick)
+    for limit in ([], ["--full"]):
+        assert cli.main(["plan", "wan2.1-t2v-1.3b@832x480x81/v5e:2x4", "--quiet", "--draws",
+                         "0", "--no-systems", "--max-compiled", "2", *limit]) == 0
+        out = capsys.readouterr().out
+        assert (f"Not compiled, beyond the compile budget (--max-compiled) "
+                f"({len(quick.compiled.not_run)} of {len(quick.compiled)};") in out
+        assert "s limit" not in out
 
 
 @pytest.mark.slow  # the planned fixture compiles in child processes

@@ -226,6 +226,15 @@ def test_record_refuses_what_json_cannot_hold(name, value, match):
         record(name, value)
 
 
+def test_known_turns_a_missing_number_into_what_record_takes(capsys):
+    from aoizora_lab.notebook import known
+
+    record("total_s", known(float("nan")))
+    record("decode_s", known(np.float64(1.5)))
+    assert capsys.readouterr().out.split("\n")[:2] == ["recorded total_s = null",
+                                                      "recorded decode_s = 1.5"]
+
+
 # ---- running the notebooks -------------------------------------------------------------------
 
 @pytest.mark.slow

@@ -11,7 +11,7 @@ import pytest
 import aoizora_lab as az
 from aoizora_lab import viz
 from aoizora_lab.candidates import Candidate, explain_candidates
-from aoizora_lab.comm_model import mesh_axis_groups, standard_collectives
+from aoizora_lab.comm_model import ModelOptions, mesh_axis_groups, standard_collectives
 from aoizora_lab.compile import CompiledCandidate, Compiles
 from aoizora_lab.cost import Predicted, op_seconds
 from aoizora_lab.hlo import CollectiveSite, CommProgram, ComputeOp
@@ -283,6 +283,11 @@ def test_ranking_scatter_marks_the_best_placement():
     assert "ring on y:4" in best.hovertext[0] and "rank 1 of 4" in best.hovertext[0]
     total = viz.ranking_scatter(frame, y="total_s")
     assert total.data[-1].y[0] == pytest.approx(540.0)
+    # The title says what the y axis shows.
+    assert "communication" in fig.layout.title.text
+    assert "step time" in total.layout.title.text and "communication" not in total.layout.title.text
+    with pytest.raises(az.AoizoraError, match=r"needs columns \['comm_s'\].*ranking.to_frame"):
+        viz.ranking_scatter(frame.drop(columns=["comm_s"]))
 
 
 def test_explorer_figure_has_a_button_per_view_carrying_its_data():
@@ -585,6 +590,14 @@ def test_heaviest_collective_views_pick_the_slowest_collectives():
     assert list(views) == [f"winner · {name}" for name in slowest]
     for name in slowest:
         np.testing.assert_allclose(views[f"winner · {name}"], alone[name].link_bytes)
+    # Priced under the model it is given, as the other views are.
+    dear = ModelOptions(routing="dimension-order")
+    priced = viz.heaviest_collective_views(CommProgram(tuple(collectives), 16), topo,
+                                           placement, top=1, options=dear)
+    [(name, loads)] = priced.items()
+    np.testing.assert_allclose(
+        loads, az.estimate([c for c in collectives if (c.name or c.kind) == name], topo,
+                           placement, options=dear).link_bytes)
 
 
 def test_heaviest_collective_views_say_how_much_of_an_async_collective_is_hidden():
@@ -683,7 +696,15 @@ def test_large_slices_are_drawn_in_blocks_by_default_with_the_whole_scale():
     assert max(row[1] for row in _link_rows(fig).values()) < 0.1  # share of the whole busiest
     assert "blocks of 2x2 chips" in fig.layout.title.subtitle.text
     assert views.auto_block(az.Topology.simulated((8, 8))) == 1  # 64 chips: every link
-    with pytest.raises(az.AoizoraError, match="block=3"):
+    # Offered shapes whose axes a power of 2 does not tile still get a block that does.
+    for shape in ((12, 24, 24), (20, 20, 20)):
+        odd = az.Topology.simulated(shape, generation="v5p")
+        block = views.auto_block(odd)
+        assert all(n <= block or n % block == 0 for n in shape)
+        assert views._cells(shape, block) <= views.MAX_DETAILED_CHIPS
+        view = views.coarsen(odd, np.zeros((odd.num_chips, odd.ndim, 2)), block)
+        assert view.topology.num_chips <= views.MAX_DETAILED_CHIPS
+    with pytest.raises(az.AoizoraError, match=r"block=3 .*one of \[1, 2, 4, 8, 16\]"):
         viz.torus_heatmap(topology, loads, block=3)
     with pytest.raises(az.AoizoraError, match="pass one of them"):
         viz.torus_heatmap(topology, loads, block=2, region=((0, 0), (4, 4)))

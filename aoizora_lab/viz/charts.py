@@ -79,7 +79,7 @@ def collective_breakdown(
     compute (hatched) when ``exposed_s`` is there; the ``top`` heaviest bars holding at least
     ``min_share`` of the total stay, the rest merge into "other".
     """
-    _require(frame, [by, "seconds"], "collective_breakdown")
+    _require(frame, [by, "seconds"], "collective_breakdown", "aoizora_lab.cost.breakdown(...)")
     rows = frame.copy()
     totals = (rows.groupby(by, sort=False)["seconds"].sum()
               .sort_values(ascending=False, kind="stable"))
@@ -140,7 +140,8 @@ def ranking_scatter(
     """
     if y not in ("comm_s", "total_s"):
         raise AoizoraError(f"ranking_scatter y={y!r}; use 'comm_s' or 'total_s'.")
-    _require(frame, ["candidate", "compute_s", "comm_s", "total_s"], "ranking_scatter")
+    _require(frame, ["candidate", "compute_s", "comm_s", "total_s"], "ranking_scatter",
+             "PlanResult.ranking.to_frame()")
     if frame.empty:
         raise AoizoraError("ranking_scatter got an empty ranking; plan at least one candidate.")
     ranked = frame.sort_values("total_s", kind="stable").reset_index(drop=True)
@@ -165,7 +166,8 @@ def ranking_scatter(
     described = f" · {best['description']}" if best.get("description") else ""
     fig = go.Figure(traces)
     fig.update_layout(
-        title={"text": title or "Ranking: compute vs communication per step",
+        title={"text": title or ("Ranking: compute vs communication per step" if y == "comm_s"
+                                 else "Ranking: compute vs predicted step time"),
                "subtitle": {"text": f"best: {best['candidate']}{described} · total "
                                     f"{format_seconds(float(best['total_s']))}"}},
         template="plotly_white", legend_title_text="candidate", height=480,
@@ -340,7 +342,7 @@ def generation_chart(frame: pd.DataFrame, *, title: str | None = None) -> go.Fig
     ``part``, ``plan``, ``per_call_s``, ``calls``, ``seconds`` and ``share`` columns), in the
     order they run, each labelled with its share of the video."""
     _require(frame, ["part", "plan", "per_call_s", "calls", "seconds", "share"],
-             "generation_chart")
+             "generation_chart", "Generation.to_frame()")
     factor, unit = time_scale(float(frame["seconds"].max()))
     total = float(frame["seconds"].sum())
     fig = go.Figure(go.Bar(
@@ -364,13 +366,13 @@ def generation_chart(frame: pd.DataFrame, *, title: str | None = None) -> go.Fig
     return fig
 
 
-def _require(frame: pd.DataFrame, columns: Sequence[str], who: str) -> None:
+def _require(frame: pd.DataFrame, columns: Sequence[str], who: str, source: str) -> None:
+    """Refuse a frame without ``columns``, naming the call that makes one (``source``)."""
     missing = [c for c in columns if c not in frame.columns]
     if missing:
         raise AoizoraError(
             f"{who} needs columns {missing} that the frame lacks (it has "
-            f"{list(frame.columns)}); pass aoizora_lab.cost.breakdown(...) or "
-            "PlanResult.ranking.to_frame()."
+            f"{list(frame.columns)}); pass {source}."
         )
 
 

@@ -107,6 +107,8 @@ def heaviest_collective_views(
     *,
     top: int = 4,
     prefix: str = "",
+    chip: ChipSpec | None = None,
+    options: ModelOptions | None = None,
 ) -> dict[str, np.ndarray]:
     """Link bytes of the ``top`` collectives that take longest on ``placement``, slowest first.
 
@@ -116,13 +118,14 @@ def heaviest_collective_views(
     best.placement, prefix="winner")`` -> ``{"winner · all-gather.131 (80% hidden)": ...}``.
     """
     collectives = _collective_list(program_or_collectives)
-    result = estimate(collectives, topology, placement)
+    result = estimate(collectives, topology, placement, chip=chip, options=options)
     names = collective_names(collectives)
     sites = getattr(program_or_collectives, "sites", ())
     if any(site.asynchronous for site in sites):  # say how much the schedule hides
-        frame = breakdown(program_or_collectives, topology, placement)
-        hidden = dict(zip(frame["collective"], frame["hidden_s"] / frame["seconds"],
-                          strict=True))
+        frame = breakdown(program_or_collectives, topology, placement, chip=chip,
+                          options=options)
+        share = (frame["hidden_s"] / frame["seconds"]).where(frame["seconds"] > 0, 0.0)
+        hidden = dict(zip(frame["collective"], share, strict=True))
         names = [f"{name} ({hidden.get(c.name, 0.0):.0%} hidden)" if site.asynchronous
                  else name for name, c, site in zip(names, collectives, sites, strict=True)]
     parts = sorted(zip(names, result.parts, strict=True),

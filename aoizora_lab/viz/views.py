@@ -54,23 +54,23 @@ class SliceView:
 
 
 def auto_block(topology: Topology) -> int:
-    """The smallest power-of-2 block that leaves at most :data:`MAX_DETAILED_CHIPS` cells
-    (1: the slice is drawn link by link). Example: ``v5e:16x16`` -> 2 (an 8x8 view)."""
-    block = 1
-    while _cells(topology.shape, block) > MAX_DETAILED_CHIPS and block < max(topology.shape):
-        block *= 2
-    return block
+    """The smallest block that tiles the slice (:func:`coarsen`) and leaves at most
+    :data:`MAX_DETAILED_CHIPS` cells (1: the slice is drawn link by link). Examples:
+    ``v5e:16x16`` -> 2 (an 8x8 view); ``v5p:12x24x24`` -> 4 (3x6x6: 8 would not tile 12)."""
+    return next((b for b in _tiling_blocks(topology.shape)
+                 if _cells(topology.shape, b) <= MAX_DETAILED_CHIPS), max(topology.shape))
 
 
 def coarsen(topology: Topology, link_bytes: np.ndarray, block: int) -> SliceView:
     """``topology`` in blocks of ``block`` chips per axis (fewer on an axis shorter than
     ``block``), each link the busiest of the links it stands for (see module)."""
     loads = np.asarray(link_bytes, dtype=np.float64)
-    sizes = [min(block, n) for n in topology.shape]
-    if block < 1 or any(n % b for n, b in zip(topology.shape, sizes, strict=True)):
+    if block not in _tiling_blocks(topology.shape):
         raise AoizoraError(
             f"block={block!r} does not tile {topology.name} (shape {topology.shape}); pass a "
-            "positive block that divides every axis longer than it, e.g. 2 or 4.")
+            "positive block that divides every axis longer than it: one of "
+            f"{list(_tiling_blocks(topology.shape))}.")
+    sizes = [min(block, n) for n in topology.shape]
     view_shape = tuple(n // b for n, b in zip(topology.shape, sizes, strict=True))
     wrap = tuple(bool(w) and v > 1 for w, v in zip(topology.wrap, view_shape, strict=True))
     view = Topology.simulated(view_shape, generation=topology.generation, wrap=wrap,
@@ -131,6 +131,11 @@ def region_view(topology: Topology, link_bytes: np.ndarray, start: Sequence[int]
     return SliceView(view, view_loads, tuple(labels[c] for c in chips),
                      tuple(hover[c] for c in chips), note, tuple(int(c) for c in chips),
                      label_kind)
+
+
+def _tiling_blocks(shape: Sequence[int]) -> tuple[int, ...]:
+    """Every block size that divides each axis longer than it, smallest first."""
+    return tuple(b for b in range(1, max(shape) + 1) if all(n <= b or n % b == 0 for n in shape))
 
 
 def _cells(shape: Sequence[int], block: int) -> int:
