@@ -6,8 +6,9 @@
 Cold = an empty compile cache (a fresh temporary folder); warm = the same cache again. The
 exhaustive search compiles every valid candidate and places each exactly as the planner places
 its survivors; it reports whether the top plan is the same, the regret of pruning and the
-Kendall tau of the IR estimate against the compiled prediction. Full size (14B@720p on
-v5e:4x4, full depth) takes tens of minutes on 2 cores; ``--num-layers 2`` folds the compiles.
+Kendall tau of the IR estimate against the compiled prediction. The exhaustive search
+takes hours on 2 cores from empty caches (what it took: ``reports/benchmarks.md``, "Search
+cost"); ``--num-layers 2`` folds the compiles.
 The measurement lives in :mod:`aoizora_lab.bench.search`.
 """
 

@@ -183,7 +183,7 @@ def run_all(*, quick: bool = False, out: str | Path = "reports/benchmarks.md",
     if "search-cost" in chosen:
         report.add(search_cost(search_matrix, num_layers=layers, exhaustive=not skip_exhaustive,
                                progress=progress).markdown(), module="aoizora_lab.bench.search")
-    if "quick-plans" in chosen:  # after search cost, whose compiles it reads back
+    if "quick-plans" in chosen:  # after search cost, whose exhaustive compiles it reads back
         quick_matrix = ([parse_case(c) for c in search_cases] if search_cases
                         else QUICK_MATRIX if quick else QUICK_PLAN_MATRIX)
         report.add(quick_plans(quick_matrix, num_layers=layers,

@@ -57,7 +57,7 @@ from aoizora_lab.placement import (
     plain_order,
 )
 from aoizora_lab.topology import Topology
-from aoizora_lab.uncertainty import price
+from aoizora_lab.uncertainty import DEFAULT_ENSEMBLE, price
 
 SECTION = "## Device order"
 """The section's heading in ``reports/benchmarks.md``."""
@@ -564,7 +564,8 @@ class DeviceOrderCheck:
             f"`compiler_ratio_small` is the default model at {SMALL_MESSAGE_BYTES / 1e3:.0f} "
             "kB, where hop latency dilutes the order. `busiest_*`: the busiest link and its "
             "bytes under the default model. How sure: `ratio_p10` / `ratio_p90`, the 80 % "
-            "interval of the ratio under the 256 draws of `uncertainty.DEFAULT_ENSEMBLE` "
+            f"interval of the ratio under the {DEFAULT_ENSEMBLE.count} draws of "
+            "`uncertainty.DEFAULT_ENSEMBLE` "
             "(both orders under the same draws, which draw the order model, `compiler` or "
             "`logical`, with the link constants; each side priced as `cost.predict` prices "
             "it, at least its HBM time), and `p_reaches`, the share of draws whose "

@@ -14,7 +14,6 @@ says what the cap costs.
 from __future__ import annotations
 
 import math
-import os
 import tempfile
 import time
 from collections.abc import Callable, Iterable
@@ -38,6 +37,7 @@ from aoizora_lab.compile import CompileStatus, default_cache_dir, merge_cache
 from aoizora_lab.prune import MAX_FRACTION
 from aoizora_lab.topology import Topology
 from aoizora_lab.versions import cache_root_at
+from aoizora_lab.workers import usable_cpus
 from aoizora_lab.workload import Workload
 
 SEARCH_COST_MATRIX: tuple[str, ...] = ("wan2.1-t2v-14b@1280x720x81/v5e:4x4",
@@ -90,7 +90,8 @@ class SearchCost:
             "traced (IR) and compiled (`compiled`: pruning survivors; `compiles`: those "
             "times the compiler flag sets searched; the existing systems' own setups "
             "compiled on top are counted apart); `compile_s` sums the compiles' own times "
-            f"(they run {os.cpu_count()} at a time). " + config_line(self.config),
+            "(they run in parallel, at most `cpus` at a time, fewer where free memory "
+            "holds fewer). " + config_line(self.config),
             markdown_table(cost),
         ]
         if (s["exhaustive_status"] == "ok").any():
@@ -171,7 +172,7 @@ def search_cost(cases: Iterable[Case | str] = SEARCH_COST_MATRIX, *, num_layers:
     frame = (pd.concat(candidate_frames, ignore_index=True) if candidate_frames
              else pd.DataFrame())
     config = {"num_layers": num_layers or "full depth", "budget": budget,
-              "exhaustive": exhaustive}
+              "exhaustive": exhaustive, "cpus": usable_cpus()}
     return SearchCost(summary, frame, pd.DataFrame(target_rows), config)
 
 
@@ -307,8 +308,9 @@ def _search_targets(row: dict[str, Any]) -> list[dict[str, Any]]:
          row["warm_s"] <= WARM_TARGET_S),
     ]
     out = [{**where, "target": t, "value": v, "met": met(m)} for t, v, m in checks]
-    out.append({**where, "target": f"share compiled: pruning's cap, at most {MAX_FRACTION:.0%} "
-                "of the valid candidates (rule 4; by construction, not a target)",
+    out.append({**where, "target": f"share compiled: pruning's cap, {MAX_FRACTION:.0%} of the "
+                "valid candidates (rule 4; more only where it keeps the `keep` best or a tie "
+                "at the cut; by construction, not a target)",
                 "value": f"{row['compiled']} of {row['valid']} ({row['compiled_fraction']:.0%})",
                 "met": "cap"})
     if row.get("exhaustive_status") == "ok":

@@ -136,6 +136,7 @@ def _throughput_row(workload: Workload, topology: Topology, *, name: str, evalua
 def throughput_markdown(table: pd.DataFrame, evaluations: int) -> str:
     """The placement-throughput section of the benchmark report."""
     from aoizora_lab.placement import LOCAL_SEARCH_CHAINS, LOCAL_SEARCH_STARTS, SWAPS_PER_STEP
+    from aoizora_lab.uncertainty import DEFAULT_ENSEMBLE
 
     return "\n\n".join([
         "## Placement throughput",
@@ -155,7 +156,8 @@ def throughput_markdown(table: pd.DataFrame, evaluations: int) -> str:
         "collective at its per-chip injection bound, all-to-alls also at their average link "
         "load; loose where gathers' routes are long); `gap` = best / bound. `predict_s`: "
         "the best start priced in full by `cost.predict` (one model, cold); `ensemble_s`: "
-        "the same placement under the 256 draws of `uncertainty.DEFAULT_ENSEMBLE` "
+        f"the same placement under the {DEFAULT_ENSEMBLE.count} draws of "
+        "`uncertainty.DEFAULT_ENSEMBLE` "
         "(`uncertainty.price`, its other device-order choice estimated cold): what a plan's "
         "uncertainty costs per program.",
         markdown_table(table),
