@@ -419,7 +419,7 @@ def measurement_rows(measurements: Sequence[OrderMeasurement] = MEASUREMENTS,
         default = ModelOptions().order
         small = _estimates(Collective(m.kind, groups, SMALL_MESSAGE_BYTES), topology, before,
                            after, default)
-        row["compiler_ratio_small"] = small[0].seconds / small[1].seconds
+        row["default_ratio_small"] = small[0].seconds / small[1].seconds
         # How sure: the ratio draw by draw under the ensemble, which draws the order model
         # ("compiler" or "logical") with the link constants.
         drawn = [price(CommProgram((big,), topology.num_devices), topology, order)
@@ -561,7 +561,8 @@ class DeviceOrderCheck:
             "sizes are not published) under each order model: `<model>_ratio` = before / "
             "after. A step's gain is at most its collectives', so a model *reaches* a "
             "measurement when its ratio is at least `published_ratio`; "
-            f"`compiler_ratio_small` is the default model at {SMALL_MESSAGE_BYTES / 1e3:.0f} "
+            f"`default_ratio_small` is the default model (`{ModelOptions().order}`) at "
+            f"{SMALL_MESSAGE_BYTES / 1e3:.0f} "
             "kB, where hop latency dilutes the order. `busiest_*`: the busiest link and its "
             "bytes under the default model. How sure: `ratio_p10` / `ratio_p90`, the 80 % "
             f"interval of the ratio under the {DEFAULT_ENSEMBLE.count} draws of "
@@ -580,11 +581,14 @@ class DeviceOrderCheck:
             "(`ratio_p90`) reaches it (one-sided, not an 80 % coverage):",
             markdown_table(self.targets),
             *(["**Where order matters in the plans.** Each case's plan (its compiled "
-               "program, as `aoizora-lab plan` plans it at 2 layers) searched and priced "
+               "program, as the full search (`aoizora-lab plan --full`) plans it, compiled at "
+               "the depth `benchmarks/device_order.py` was given, 2 layers by default) "
+               "searched and priced "
                "under each order model: `<model>: vs plain` and `vs create_device_mesh` are "
                "the program's step in that order over its best placement under the model. "
                "`collectives following their order`: those the default model runs as a ring "
-               "in group order (all-reduces and reduce-scatters of 3 to 8 devices), with "
+               "in group order (all-reduces and reduce-scatters of 3 to "
+               f"{RING_IN_ORDER_MAX_MEMBERS} devices), with "
                "their share of the communication in plain order. A plan whose heavy "
                "collectives are all-to-alls, permutes and all-gathers sees no order effect "
                "under the default: the compiler lays those out itself.",
