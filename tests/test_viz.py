@@ -591,13 +591,13 @@ def test_heaviest_collective_views_pick_the_slowest_collectives():
     for name in slowest:
         np.testing.assert_allclose(views[f"winner · {name}"], alone[name].link_bytes)
     # Priced under the model it is given, as the other views are.
-    dear = ModelOptions(routing="dimension-order")
+    routed = ModelOptions(routing="dimension-order")
     priced = viz.heaviest_collective_views(CommProgram(tuple(collectives), 16), topo,
-                                           placement, top=1, options=dear)
+                                           placement, top=1, options=routed)
     [(name, loads)] = priced.items()
     np.testing.assert_allclose(
         loads, az.estimate([c for c in collectives if (c.name or c.kind) == name], topo,
-                           placement, options=dear).link_bytes)
+                           placement, options=routed).link_bytes)
 
 
 def test_heaviest_collective_views_say_how_much_of_an_async_collective_is_hidden():

@@ -7,7 +7,7 @@ system's setup. Each row is that plan, its regret against the full search's own 
 (``PlanResult.searched``: a quick plan compiles no system's setup, so it is measured against
 what the same search finds, not against a system's setup the full plan may recommend) and its
 compiles. A cold quick plan (an empty cache) is timed for the smallest k that found the full
-search's plan and for the k before it: the budget a user would have needed, known only
+search's own best and for the k before it: the budget a user would have needed, known only
 afterwards (the IR ties on compute-bound cases, so no rule picks k in advance), and what
 one less would have lost. Then ``PlanOptions(time_limit_s=t)`` (the systems' setups sharing the
 limit) from an empty cache for each t of ``time_limits``, and again on the caches it
