@@ -236,9 +236,15 @@ def test_a_user_setup_is_read_in_its_systems_own_words(v5e16):
 
 
 @pytest.fixture(scope="module")
-def planned(host, tmp_path_factory):
+def host_compiles(tmp_path_factory):
+    """One compile cache for this module's plans on the host: they compile the same setups."""
+    return tmp_path_factory.mktemp("host-compiles")
+
+
+@pytest.fixture(scope="module")
+def planned(host, host_compiles):
     return plan(WORKLOAD, host, PlanOptions(
-        budget=300, cache_dir=tmp_path_factory.mktemp("cache"), ir_cache_dir=False,
+        budget=300, cache_dir=host_compiles, ir_cache_dir=False,
         compare="--ulysses_size 2 --ring_size 4"))
 
 
@@ -302,7 +308,7 @@ ASYNC_ALL_REDUCE = "--xla_enable_async_all_reduce=true"
 @pytest.mark.parametrize("breaking", [ASYNC_ALL_TO_ALL, ASYNC_ALL_REDUCE, "every flag",
                                       "the program"])
 def test_a_recipe_whose_flags_fail_keeps_every_flag_but_the_one_that_breaks(
-        planned, host, tmp_path, breaking):
+        planned, host, host_compiles, breaking):
     # As libtpu answers MaxDiffusion's asynchronous all-to-all on a v5e:8x8 ("limited ICI");
     # "every flag": a compile that fails with any flag set; "the program": Ulysses programs
     # fail whatever the flags.
@@ -318,7 +324,7 @@ def test_a_recipe_whose_flags_fail_keeps_every_flag_but_the_one_that_breaks(
         return {**known, **{(s.candidate.name, s.flags.label): (
             CompiledCandidate(s.candidate, "error", f"JaxRuntimeError: {refusal}\nmore", 0.0,
                               flags=s.flags) if fails(s) else
-            compile_candidates([s.candidate], WORKLOAD, host, cache_dir=tmp_path)[0])
+            compile_candidates([s.candidate], WORKLOAD, host, cache_dir=host_compiles)[0])
             for group in setups for s in group.setups
             if (s.candidate.name, s.flags.label) not in known}}
 
@@ -408,7 +414,7 @@ def test_a_recipe_runs_without_its_flags_only_where_no_try_keeping_some_compiled
 
 
 @pytest.mark.slow
-def test_a_builder_that_breaks_fails_the_plan_and_a_refusal_is_a_row(host, tmp_path,
+def test_a_builder_that_breaks_fails_the_plan_and_a_refusal_is_a_row(host, host_compiles,
                                                                      monkeypatch):
     for bug in (RuntimeError, ValueError, AssertionError, az.AoizoraError):
         def broken(*_, bug=bug, **__):  # a bug, even of a type a library refuses with
@@ -416,14 +422,14 @@ def test_a_builder_that_breaks_fails_the_plan_and_a_refusal_is_a_row(host, tmp_p
 
         monkeypatch.setattr(baselines, "xdit_setup", broken)
         with pytest.raises(bug, match="a bug in a builder"):
-            plan(WORKLOAD, host, PlanOptions(budget=100, cache_dir=tmp_path,
+            plan(WORKLOAD, host, PlanOptions(budget=100, cache_dir=host_compiles,
                                              ir_cache_dir=False))
 
     def refuses(*_, **__):
         raise baselines.SystemRefuses("no such layout here")
 
     monkeypatch.setattr(baselines, "xdit_setup", refuses)
-    result = plan(WORKLOAD, host, PlanOptions(budget=100, cache_dir=tmp_path,
+    result = plan(WORKLOAD, host, PlanOptions(budget=100, cache_dir=host_compiles,
                                               ir_cache_dir=False))
     outcome = result.baselines["xdit-usp"]
     assert outcome.status is Status.NOT_BUILT and outcome.plan is None
